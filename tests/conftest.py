@@ -1,0 +1,104 @@
+"""Shared fixtures: a small tokenizer and synthetic corpora written to tmp dirs."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED_TOKENIZER = REPO / "assets" / "tokenizer" / "tokenizer.json"
+WORDS = (
+    "the of and to in is that for it as with was on be by this are or from at an which "
+    "data lane batch token model train resume rank worker shard epoch seed pack row "
+    "river stone cloud green quick brown fox jumps over lazy dog def return class import"
+).split()
+
+
+def synthetic_docs(n: int, seed: int, min_words: int = 3, max_words: int = 120) -> list[str]:
+    """Documents of widely varying length, deterministic in (n, seed)."""
+    rng = random.Random(seed)
+    docs = []
+    for i in range(n):
+        k = rng.choice([rng.randint(min_words, 12), rng.randint(min_words, max_words)])
+        docs.append(f"doc{i} " + " ".join(rng.choice(WORDS) for _ in range(k)))
+    return docs
+
+
+@pytest.fixture(scope="session")
+def tokenizer_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The committed tokenizer; a tiny BPE trained here if it is missing."""
+    if COMMITTED_TOKENIZER.is_file():
+        return str(COMMITTED_TOKENIZER)
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|pad|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(synthetic_docs(500, 7), trainer=trainer)
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return str(path)
+
+
+def write_jsonl(path: Path, docs: list[str], field: str = "text", gz: bool = False) -> None:
+    opener = gzip.open if gz else open
+    with opener(path, "wt", encoding="utf-8") as f:
+        for i, text in enumerate(docs):
+            f.write(json.dumps({"id": f"{path.stem}-{i}", field: text}) + "\n")
+
+
+RecipeFactory = Callable[..., Path]
+
+
+@pytest.fixture
+def make_recipe(tmp_path: Path) -> RecipeFactory:
+    """Write a corpus and a recipe; returns the recipe path.
+
+    sources: list of (name, n_docs, weight) or dicts of extra source keys.
+    """
+
+    def make(
+        sources: list[tuple[str, int, float]] | None = None,
+        lanes: int = 8,
+        algorithm: str = "concat",
+        flush_interval: int = 8,
+        block_size: int = 16,
+        unit: str = "tokens",
+        on_exhausted: str = "repeat",
+        seed: int = 1234,
+        workers: int = 0,
+        prefetch: int = 0,
+        gz: bool = False,
+        extra: str = "",
+    ) -> Path:
+        sources = sources or [("prose", 300, 0.7), ("code", 200, 0.3)]
+        root = tmp_path / "corpus"
+        root.mkdir(exist_ok=True)
+        parts = [
+            f'[recipe]\nname = "test"\nseed = {seed}\nlanes = {lanes}\n',
+            f'[mixture]\nunit = "{unit}"\non_exhausted = "{on_exhausted}"\n',
+            f"[shuffle]\nblock_size = {block_size}\n",
+            f'[packing]\nalgorithm = "{algorithm}"\nopen_bins = 4\nflush_interval = {flush_interval}\n',
+            f"[execution]\nworkers = {workers}\nprefetch = {prefetch}\n"
+            f'cache_dir = "{tmp_path / "cache"}"\n',
+        ]
+        for k, (name, n, weight) in enumerate(sources):
+            suffix = ".jsonl.gz" if gz else ".jsonl"
+            write_jsonl(root / f"{name}{suffix}", synthetic_docs(n, seed=100 + k), gz=gz)
+            parts.append(f'[[source]]\nname = "{name}"\npath = "{name}{suffix}"\nweight = {weight}\n')
+        parts.append(extra)
+        path = root / "recipe.toml"
+        path.write_text("\n".join(parts))
+        return path
+
+    return make

@@ -1,0 +1,35 @@
+"""Zephon: a deterministic, elastic, checkpointable data pipeline.
+
+The global batch of every step is a pure function of (recipe, tokenizer,
+seq_len, global batch size, lanes, seed, step), never of the number of
+data-parallel ranks, worker threads, prefetch depth or micro-batch size.
+"""
+
+from zephon.batch import IGNORE_INDEX, Batch
+from zephon.digest import global_batch_digest, rows_digest
+from zephon.errors import DataError, LayoutError, RecipeError, StateError, ZephonError
+from zephon.layout import check_layout, lanes_of_rank
+from zephon.loader import ZephonLoader
+from zephon.recipe import Recipe, load_recipe
+from zephon.state import merge_rank_states
+from zephon.tokenize import TokenizerInfo, load_tokenizer
+
+__all__ = [
+    "IGNORE_INDEX",
+    "Batch",
+    "DataError",
+    "LayoutError",
+    "Recipe",
+    "RecipeError",
+    "StateError",
+    "TokenizerInfo",
+    "ZephonError",
+    "ZephonLoader",
+    "check_layout",
+    "global_batch_digest",
+    "lanes_of_rank",
+    "load_recipe",
+    "load_tokenizer",
+    "merge_rank_states",
+    "rows_digest",
+]

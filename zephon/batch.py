@@ -1,0 +1,63 @@
+"""The batch handed to the trainer, and its cut into micro-batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class Batch:
+    """A rank's rows for one step.
+
+    input_ids, labels, positions: int64 tensors of shape [rows, seq_len].
+    labels are the inputs shifted by one, IGNORE_INDEX on padding.
+    positions restart at 0 at every document start (and at row starts).
+    digests: 32-byte digests of the units this rank contributes to the
+    global batch digest, in canonical order (lanes for Zephon).
+    """
+
+    step: int
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    positions: torch.Tensor
+    digests: list[bytes]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def num_valid_tokens(self) -> int:
+        return int((self.labels != IGNORE_INDEX).sum())
+
+    def micro_batches(self, rows: int) -> list[Batch]:
+        if rows <= 0 or self.num_rows % rows:
+            raise ValueError(f"cannot cut {self.num_rows} rows into micro-batches of {rows}")
+        return [
+            Batch(
+                self.step,
+                self.input_ids[i : i + rows],
+                self.labels[i : i + rows],
+                self.positions[i : i + rows],
+                [],
+            )
+            for i in range(0, self.num_rows, rows)
+        ]
+
+
+def rows_to_batch(step: int, tokens: np.ndarray, positions: np.ndarray, digests: list[bytes]) -> Batch:
+    """Turn packed rows (seq_len + 1 tokens; position -1 marks padding) into a Batch."""
+    tok = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))
+    pos = torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64))
+    labels = torch.where(pos[:, 1:] >= 0, tok[:, 1:], torch.full_like(tok[:, 1:], IGNORE_INDEX))
+    return Batch(
+        step=step,
+        input_ids=tok[:, :-1].contiguous(),
+        labels=labels.contiguous(),
+        positions=pos[:, :-1].clamp(min=0).contiguous(),
+        digests=digests,
+    )

@@ -1,0 +1,297 @@
+"""ZephonLoader: one data-parallel rank's view of the global batch stream.
+
+The rank owns lanes [r*L/D, (r+1)*L/D). Each step it takes G/L rows from
+every owned lane, in lane order; concatenating all ranks' batches in rank
+order gives the same bytes for any D that divides L. A background thread
+produces steps ahead of the trainer (prefetch); the checkpoint state counts
+only the steps the trainer took.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from zephon.batch import Batch, rows_to_batch
+from zephon.digest import rows_digest
+from zephon.errors import StateError
+from zephon.lane import LaneStream, PipelineContext, run_inline
+from zephon.layout import check_layout, lanes_of_rank
+from zephon.recipe import Recipe, load_recipe
+from zephon.shuffle import SourcePlan
+from zephon.sources import SourceReader
+from zephon.state import STATE_FORMAT, STATE_VERSION, check_fingerprint, check_header
+from zephon.tokenize import TokenizerInfo, load_tokenizer
+
+_END = object()
+
+
+class ZephonLoader:
+    """Deterministic, elastic loader for one data-parallel rank.
+
+    Args:
+        recipe: a Recipe or the path of a recipe TOML.
+        tokenizer: path of a `tokenizer.json` (or a loaded TokenizerInfo).
+        seq_len: tokens per training row (rows hold seq_len + 1 tokens).
+        global_batch_size: rows per step over all ranks (a multiple of the lanes).
+        micro_batch_size: rows per micro-batch (only validated here).
+        dp_rank, dp_size: this rank and the data-parallel degree.
+        num_workers, prefetch, block_prefetch, cache_dir: execution settings;
+            None takes the recipe's. They never change a byte of output.
+        trace: record (source, document index) of every packed document per
+            lane in `self.traces` (for accounting tests and debugging).
+    """
+
+    def __init__(
+        self,
+        recipe: Recipe | str | os.PathLike[str],
+        tokenizer: str | os.PathLike[str] | TokenizerInfo,
+        seq_len: int,
+        global_batch_size: int,
+        micro_batch_size: int | None = None,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        num_workers: int | None = None,
+        prefetch: int | None = None,
+        block_prefetch: int | None = None,
+        cache_dir: str | None = None,
+        trace: bool = False,
+    ):
+        self.recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+        ex = self.recipe.execution
+        lanes = self.recipe.lanes
+        micro = micro_batch_size or global_batch_size // dp_size
+        check_layout(lanes, dp_size, global_batch_size, micro)
+        if seq_len < 1:
+            raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+        self.tok = tokenizer if isinstance(tokenizer, TokenizerInfo) else load_tokenizer(tokenizer)
+        self.seq_len, self.global_batch_size = seq_len, global_batch_size
+        self.dp_rank, self.dp_size = dp_rank, dp_size
+        self.rows_per_lane = global_batch_size // lanes
+        self.lane_ids = lanes_of_rank(lanes, dp_size, dp_rank)
+        self.num_workers = ex.workers if num_workers is None else num_workers
+        self.prefetch = ex.prefetch if prefetch is None else prefetch
+        cache = cache_dir or ex.cache_dir or None
+        readers = [SourceReader(s, cache) for s in self.recipe.sources]
+        plans = [
+            SourcePlan(
+                s.name,
+                r.num_docs,
+                lanes,
+                self.recipe.shuffle.block_size,
+                self.recipe.seed,
+                self.recipe.shuffle.enabled,
+            )
+            for s, r in zip(self.recipe.sources, readers, strict=True)
+        ]
+        self._pool = (
+            ThreadPoolExecutor(self.num_workers, thread_name_prefix="zephon-worker")
+            if self.num_workers > 0
+            else None
+        )
+        self.ctx = PipelineContext(
+            recipe=self.recipe,
+            readers=readers,
+            plans=plans,
+            tok=self.tok,
+            row_len=seq_len + 1,
+            submit=self._pool.submit if self._pool else run_inline,
+            block_prefetch=block_prefetch or ex.block_prefetch,
+        )
+        self.fingerprint = {
+            "recipe": self.recipe.digest(),
+            "sources": {s.name: r.num_docs for s, r in zip(self.recipe.sources, readers, strict=True)},
+            "tokenizer": self.tok.fingerprint,
+            "seq_len": seq_len,
+            "global_batch_size": global_batch_size,
+            "lanes": lanes,
+            "seed": self.recipe.seed,
+        }
+        self.traces: dict[int, list[tuple[int, int]]] | None = (
+            {lane: [] for lane in self.lane_ids} if trace else None
+        )
+        self.replay = {"rows": 0, "docs_packed": 0, "docs_tokenized": 0}
+        self._thread: threading.Thread | None = None
+        self._start({lane: None for lane in self.lane_ids}, step=0)
+        self._launch()
+
+    # -- production -------------------------------------------------------
+
+    def _start(self, snapshots: dict[int, dict[str, Any] | None], step: int) -> None:
+        self.lanes = [
+            LaneStream(self.ctx, lane, snapshots[lane], self.traces[lane] if self.traces else None)
+            for lane in self.lane_ids
+        ]
+        self.step = step
+        self._flush_log: dict[int, list[dict[str, Any]]] = {lane: [] for lane in self.lane_ids}
+        self._produced_step = step
+        self._ended = False
+
+    def _launch(self) -> None:
+        """Start producing ahead of the trainer (prefetch > 0) from the current lanes."""
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(self.prefetch, 1))
+        self._stop = threading.Event()
+        if self.prefetch > 0:
+            self._thread = threading.Thread(target=self._run, name="zephon-prefetch", daemon=True)
+            self._thread.start()
+
+    def _produce(self) -> tuple[Batch, dict[int, list[dict[str, Any]]]] | None:
+        r, row_len = self.rows_per_lane, self.seq_len + 1
+        n = len(self.lanes) * r
+        tokens = np.empty((n, row_len), dtype=np.int32)
+        positions = np.empty((n, row_len), dtype=np.int32)
+        digests, flushes = [], {}
+        for i, lane in enumerate(self.lanes):
+            for k in range(r):
+                row = lane.next_row()
+                if row is None:
+                    return None
+                tokens[i * r + k], positions[i * r + k] = row
+            digests.append(rows_digest(tokens[i * r : (i + 1) * r], positions[i * r : (i + 1) * r]))
+            flushes[lane.lane] = lane.take_flushes()
+        batch = rows_to_batch(self._produced_step, tokens, positions, digests)
+        self._produced_step += 1
+        return batch, flushes
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                item = self._produce()
+                if not self._put(_END if item is None else item) or item is None:
+                    return
+        except BaseException as exc:  # handed to the trainer's thread, raised there
+            self._put(exc)
+
+    def _stop_thread(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            while self._thread.is_alive():
+                try:
+                    self._queue.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+            self._thread.join()
+            self._thread = None
+
+    # -- the trainer's interface ---------------------------------------------
+
+    def next_batch(self) -> Batch:
+        """This rank's rows for the next step; StopIteration once a lane runs dry."""
+        if self._ended:
+            raise StopIteration
+        item = self._queue.get() if self._thread is not None else self._produce()
+        if item is _END or item is None:
+            self._ended = True
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self._ended = True
+            raise item
+        batch, flushes = item
+        self.step += 1
+        for lane, points in flushes.items():
+            self._flush_log[lane].extend(points)
+            self._prune(lane)
+        return batch
+
+    def _prune(self, lane: int) -> None:
+        """Keep the newest flush point the trainer has reached, and later ones."""
+        log, consumed = self._flush_log[lane], self.step * self.rows_per_lane
+        while len(log) > 1 and log[1]["row"] <= consumed:
+            log.pop(0)
+
+    def __iter__(self) -> Any:
+        while True:
+            try:
+                yield self.next_batch()
+            except StopIteration:
+                return
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's state (its lanes only); merge ranks with merge_rank_states."""
+        consumed = self.step * self.rows_per_lane
+        lanes = {}
+        for lane in self.lane_ids:
+            flush = self._flush_log[lane][0] if self._flush_log[lane] else None
+            if flush is None or flush["row"] > consumed:
+                raise StateError(f"lane {lane}: no flush point at or before row {consumed}")
+            lanes[str(lane)] = {"flush": flush, "rows_since_flush": consumed - flush["row"]}
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "fingerprint": self.fingerprint,
+            "step": self.step,
+            "rows_per_lane_per_step": self.rows_per_lane,
+            "rank": self.dp_rank,
+            "lanes": lanes,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a (merged or single-rank) state written at any data-parallel size."""
+        check_header(state)
+        check_fingerprint(state["fingerprint"], self.fingerprint)
+        missing = [lane for lane in self.lane_ids if str(lane) not in state["lanes"]]
+        if missing:
+            raise StateError(f"loader state has no entry for lane(s) {missing} of this rank")
+        step = int(state["step"])
+        self._stop_thread()
+        snapshots = {}
+        for lane in self.lane_ids:
+            entry = state["lanes"][str(lane)]
+            flush = entry["flush"]
+            if flush["row"] + entry["rows_since_flush"] != step * self.rows_per_lane:
+                raise StateError(
+                    f"lane {lane}: flush row {flush['row']} + {entry['rows_since_flush']} rows "
+                    f"does not match step {step} x {self.rows_per_lane} rows"
+                )
+            snapshots[lane] = flush
+        if self.traces is not None:
+            self.traces = {lane: [] for lane in self.lane_ids}
+        # Rebuild every lane at its flush point and replay to the consumed row,
+        # before the prefetch thread starts.
+        self._start(snapshots, step)
+        self.replay = {"rows": 0, "docs_packed": 0, "docs_tokenized": 0}
+        for lane in self.lanes:
+            skip = state["lanes"][str(lane.lane)]["rows_since_flush"]
+            for _ in range(skip):
+                if lane.next_row() is None:
+                    raise StateError(f"lane {lane.lane}: data ended while replaying to step {step}")
+            self.replay["rows"] += skip
+            self.replay["docs_packed"] += lane.docs_packed
+            self.replay["docs_tokenized"] += lane.docs_tokenized
+            self._flush_log[lane.lane] = lane.take_flushes()
+            self._prune(lane.lane)
+        self._launch()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "docs_packed": sum(lane.docs_packed for lane in self.lanes),
+            "docs_tokenized": sum(lane.docs_tokenized for lane in self.lanes),
+            "replay": dict(self.replay),
+        }
+
+    def close(self) -> None:
+        self._stop_thread()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> ZephonLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,38 @@
+"""Deterministic mixing: which source a lane's next document comes from.
+
+Largest-deficit scheduling: every source is owed its weight's share of what
+the lane has taken so far (in documents or tokens); the next document comes
+from the source owed the most. No random draws, so there is nothing to seed
+and the realised mixture never drifts: after n documents each source is within
+one document (document unit) or one document's tokens (token unit) of its
+exact share. Retired sources (exhausted under `stop`) drop out and the rest
+are renormalised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class Mixer:
+    def __init__(self, weights: Sequence[float], unit: str, counts: Sequence[int] | None = None):
+        self.weights = [float(w) for w in weights]
+        self.by_tokens = unit == "tokens"
+        self.counts = list(counts) if counts is not None else [0] * len(self.weights)
+
+    def choose(self, active: Sequence[bool]) -> int:
+        """Index of the active source with the largest deficit (lowest index on ties)."""
+        total_w = sum(w for w, a in zip(self.weights, active, strict=True) if a)
+        taken = sum(c for c, a in zip(self.counts, active, strict=True) if a)
+        best, best_deficit = -1, 0.0
+        for i, a in enumerate(active):
+            if not a:
+                continue
+            # Scaled by total_w to keep the comparison exact for equal weights.
+            deficit = self.weights[i] * taken - self.counts[i] * total_w
+            if best < 0 or deficit > best_deficit:
+                best, best_deficit = i, deficit
+        return best
+
+    def record(self, source: int, num_tokens: int) -> None:
+        self.counts[source] += num_tokens if self.by_tokens else 1

@@ -1,0 +1,123 @@
+"""Packing: turning a lane's documents into rows of seq_len + 1 tokens.
+
+Packers pull documents from their lane (`lane.pick()`), push finished rows
+with `lane.emit(tokens, positions)` and declare flush points with
+`lane.flush_point(skip_tokens)`: places where the packer holds no state, so a
+resume can restart from the lane's cursors alone. Positions restart at 0 at
+every document start and every row start; -1 marks padding.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class PackerLane(Protocol):
+    rows_emitted: int
+
+    def pick(self) -> np.ndarray | None: ...
+    def emit(self, tokens: list[np.ndarray]) -> None: ...
+    def snapshot(self) -> tuple: ...
+    def flush_point(self, snapshot: tuple, skip_tokens: int) -> None: ...
+
+
+class ConcatPacker:
+    """Documents joined with EOS and cut into rows: no padding except at the very end.
+
+    A flush point every `flush_interval` rows records the lane's cursors as they
+    were before the document that straddles the row boundary, plus how many of
+    its tokens were already emitted; replay re-picks that document and skips them.
+    """
+
+    def __init__(self, row_len: int, flush_interval: int, start_row: int = 0, skip_tokens: int = 0):
+        self.row_len, self.flush_interval = row_len, flush_interval
+        self.last_flush = start_row  # the lane records its starting flush point itself
+        self.cur: np.ndarray | None = None
+        self.off = 0
+        self.cur_pre: tuple = ()
+        self.pending_skip = skip_tokens  # set on restore from a mid-document flush point
+
+    def fill(self, lane: PackerLane) -> bool:
+        """Emit one row; False once the lane's sources are exhausted."""
+        row = lane.rows_emitted
+        if row % self.flush_interval == 0 and row != self.last_flush:
+            self.last_flush = row
+            if self.cur is not None and self.off < len(self.cur):
+                lane.flush_point(self.cur_pre, self.off)
+            else:
+                lane.flush_point(lane.snapshot(), 0)
+        pieces: list[np.ndarray] = []
+        need = self.row_len
+        while need:
+            if self.cur is None or self.off == len(self.cur):
+                pre = lane.snapshot()
+                doc = lane.pick()
+                if doc is None:
+                    self.cur = None
+                    break
+                self.cur, self.cur_pre = doc, pre
+                self.off, self.pending_skip = self.pending_skip, 0
+                continue
+            take = min(need, len(self.cur) - self.off)
+            pieces.append(self.cur[self.off : self.off + take])
+            self.off += take
+            need -= take
+        if not pieces:
+            return False
+        lane.emit(pieces)
+        return True
+
+
+class BestFitPacker:
+    """K open bins; each document (split into row-sized chunks) goes to the bin
+    it fits most tightly. When no bin fits and K are open, the fullest bin is
+    closed (padded). Every `flush_interval` rows all bins are closed, so the
+    flush point is simply the lane's cursors."""
+
+    def __init__(self, row_len: int, open_bins: int, flush_interval: int, start_row: int = 0):
+        self.row_len, self.k, self.flush_interval = row_len, open_bins, flush_interval
+        self.bins: list[list[np.ndarray]] = []
+        self.free: list[int] = []
+        self.rows_at_flush = start_row
+
+    def _close(self, lane: PackerLane, i: int) -> None:
+        lane.emit(self.bins.pop(i))
+        self.free.pop(i)
+
+    def _flush(self, lane: PackerLane) -> None:
+        while self.bins:
+            self._close(lane, 0)
+
+    def fill(self, lane: PackerLane) -> bool:
+        """Place one document (possibly emitting rows); False at the end of the data."""
+        if lane.rows_emitted - self.rows_at_flush >= self.flush_interval:
+            self._flush(lane)
+            self.rows_at_flush = lane.rows_emitted
+            lane.flush_point(lane.snapshot(), 0)
+        doc = lane.pick()
+        if doc is None:
+            self._flush(lane)
+            return False
+        for a in range(0, len(doc), self.row_len):
+            chunk = doc[a : a + self.row_len]
+            n = len(chunk)
+            if n == self.row_len:
+                lane.emit([chunk])
+                continue
+            best = -1
+            for i, free in enumerate(self.free):
+                if free >= n and (best < 0 or free < self.free[best]):
+                    best = i
+            if best < 0:
+                if len(self.bins) == self.k:
+                    self._close(lane, self.free.index(min(self.free)))
+                self.bins.append([])
+                self.free.append(self.row_len)
+                best = len(self.bins) - 1
+            self.bins[best].append(chunk)
+            self.free[best] -= n
+            if self.free[best] == 0:
+                self._close(lane, best)
+        return True

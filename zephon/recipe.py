@@ -1,0 +1,306 @@
+"""Data recipes: the TOML document that says what data a run trains on.
+
+A recipe is parsed strictly: unknown keys, wrong types and bad values are
+rejected at load time with a message naming the file and the key, so a typo
+never silently falls back to a default. Relative paths resolve against the
+recipe's own folder, so a recipe and its data can move together.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import math
+import os
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zephon.errors import RecipeError
+
+FORMATS = ("jsonl", "parquet", "hf_disk", "hf")
+HF_BUILDERS = ("json", "parquet", "csv", "text", "arrow")
+EXHAUSTION = ("repeat", "stop")
+MIX_UNITS = ("tokens", "documents")
+PACKERS = ("concat", "best_fit")
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    name: str
+    paths: tuple[str, ...]  # resolved, sorted, absolute
+    format: str
+    text_field: str = "text"
+    token_field: str = ""  # set for pretokenized input: a list of token ids
+    weight: float = 1.0
+    on_exhausted: str = "repeat"
+    hf_builder: str = "json"  # for format = "hf"
+
+    @property
+    def pretokenized(self) -> bool:
+        return bool(self.token_field)
+
+
+@dataclass(frozen=True)
+class MixtureSpec:
+    unit: str = "tokens"
+    on_exhausted: str = "repeat"
+
+
+@dataclass(frozen=True)
+class ShuffleSpec:
+    enabled: bool = True
+    block_size: int = 128  # documents per shuffle block: the unit of work for workers
+
+
+@dataclass(frozen=True)
+class PackingSpec:
+    algorithm: str = "concat"
+    open_bins: int = 8  # best_fit only
+    flush_interval: int = 64  # rows between flush points; bounds replay on resume
+
+
+@dataclass(frozen=True)
+class ExecutionSpec:
+    """Performance knobs only: no value here may change a single output byte."""
+
+    workers: int = 2
+    prefetch: int = 2  # global steps produced ahead of the trainer
+    block_prefetch: int = 2  # tokenized blocks in flight per lane and source
+    cache_dir: str = ""  # where document indexes are cached ("" = user cache)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    path: str
+    name: str
+    seed: int
+    lanes: int
+    sources: tuple[SourceSpec, ...]
+    mixture: MixtureSpec = field(default_factory=MixtureSpec)
+    shuffle: ShuffleSpec = field(default_factory=ShuffleSpec)
+    packing: PackingSpec = field(default_factory=PackingSpec)
+    execution: ExecutionSpec = field(default_factory=ExecutionSpec)
+
+    def data_identity(self) -> dict[str, Any]:
+        """Everything in the recipe that decides the data (execution knobs excluded).
+
+        Paths are recorded relative to the recipe folder so that moving the
+        recipe together with its data keeps the identity.
+        """
+        base = os.path.dirname(self.path)
+        sources = []
+        for s in self.sources:
+            d = asdict(s)
+            d["paths"] = [os.path.relpath(p, base) for p in s.paths]
+            sources.append(d)
+        return {
+            "seed": self.seed,
+            "lanes": self.lanes,
+            "mixture": asdict(self.mixture),
+            "shuffle": asdict(self.shuffle),
+            "packing": asdict(self.packing),
+            "sources": sources,
+        }
+
+    def digest(self) -> str:
+        blob = json.dumps(self.data_identity(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+
+# -- strict TOML reading ------------------------------------------------------
+
+
+class _Table:
+    """A TOML table being consumed key by key; leftovers are unknown keys."""
+
+    def __init__(self, file: str, where: str, data: Any):
+        if not isinstance(data, dict):
+            raise RecipeError(f"{file}: [{where}] must be a table, got {type(data).__name__}")
+        self.file, self.where, self.data = file, where, dict(data)
+
+    def _err(self, key: str, msg: str) -> RecipeError:
+        return RecipeError(f"{self.file}: {self.where}.{key}: {msg}")
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+        if key not in self.data:
+            if default is ...:
+                raise self._err(key, "is required")
+            return default
+        value = self.data.pop(key)
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        # TOML booleans are ints in Python; never accept one for the other.
+        if isinstance(value, bool) and bool not in kinds:
+            ok = False
+        elif float in kinds and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        else:
+            ok = isinstance(value, kinds)
+        if not ok:
+            names = " or ".join(k.__name__ for k in kinds)
+            raise self._err(key, f"expected {names}, got {value!r} ({type(value).__name__})")
+        return value
+
+    def choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
+        value = self.get(key, str, default)
+        if value not in choices:
+            raise self._err(key, f"expected one of {', '.join(choices)}; got {value!r}")
+        return value
+
+    def positive_int(self, key: str, default: Any = ..., minimum: int = 1) -> int:
+        value = self.get(key, int, default)
+        if value < minimum:
+            raise self._err(key, f"expected an integer >= {minimum}, got {value}")
+        return value
+
+    def finish(self) -> None:
+        if self.data:
+            known = ", ".join(sorted(self.data))
+            raise RecipeError(f"{self.file}: [{self.where}] has unknown key(s): {known}")
+
+
+def _resolve_paths(file: str, where: str, raw: str | list[str], fmt: str) -> tuple[str, ...]:
+    base = os.path.dirname(os.path.abspath(file))
+    patterns = [raw] if isinstance(raw, str) else raw
+    if not patterns or not all(isinstance(p, str) and p for p in patterns):
+        raise RecipeError(f"{file}: {where}.path: expected a path or a list of paths")
+    found: list[str] = []
+    for pattern in patterns:
+        full = os.path.normpath(os.path.join(base, os.path.expanduser(pattern)))
+        matches = sorted(glob.glob(full)) if glob.has_magic(full) else [full]
+        matches = [m for m in matches if os.path.exists(m)]
+        if not matches:
+            raise RecipeError(
+                f"{file}: {where}.path: {pattern!r} matches nothing "
+                f"(resolved against the recipe folder to {full})"
+            )
+        for m in matches:
+            if fmt != "hf_disk" and os.path.isdir(m):
+                raise RecipeError(
+                    f"{file}: {where}.path: {m} is a folder; format {fmt!r} expects files "
+                    "(use a glob such as 'folder/*.jsonl')"
+                )
+            found.append(m)
+    if len(set(found)) != len(found):
+        raise RecipeError(f"{file}: {where}.path: the patterns match some files twice")
+    return tuple(found)
+
+
+def _guess_format(paths: tuple[str, ...]) -> str:
+    first = paths[0]
+    if os.path.isdir(first):
+        return "hf_disk"
+    if first.endswith((".jsonl", ".jsonl.gz", ".json", ".json.gz")):
+        return "jsonl"
+    if first.endswith(".parquet"):
+        return "parquet"
+    raise RecipeError(f"cannot guess the format of {first}; set format = one of {FORMATS}")
+
+
+def _parse_source(file: str, index: int, raw: Any, default_exhaust: str) -> SourceSpec:
+    t = _Table(file, f"source[{index}]", raw)
+    name = t.get("name", str)
+    if not name:
+        raise RecipeError(f"{file}: source[{index}].name: must not be empty")
+    t.where = f"source '{name}'"
+    fmt = t.get("format", str, "auto")
+    if fmt != "auto" and fmt not in FORMATS:
+        raise RecipeError(
+            f"{file}: {t.where}.format: expected one of auto, {', '.join(FORMATS)}; got {fmt!r}"
+        )
+    paths = _resolve_paths(file, t.where, t.get("path", (str, list)), fmt)
+    if fmt == "auto":
+        fmt = _guess_format(paths)
+    text_field = t.get("text_field", str, "text")
+    token_field = t.get("token_field", str, "")
+    weight = t.get("weight", float, 1.0)
+    if not math.isfinite(weight) or weight <= 0:
+        raise RecipeError(f"{file}: {t.where}.weight: expected a positive number, got {weight}")
+    on_exhausted = t.choice("on_exhausted", EXHAUSTION, default_exhaust)
+    hf_builder = t.choice("hf_builder", HF_BUILDERS, "json")
+    t.finish()
+    return SourceSpec(
+        name=name,
+        paths=paths,
+        format=fmt,
+        text_field=text_field,
+        token_field=token_field,
+        weight=weight,
+        on_exhausted=on_exhausted,
+        hf_builder=hf_builder,
+    )
+
+
+def parse_recipe(data: dict[str, Any], file: str) -> Recipe:
+    top = _Table(file, "recipe file", data)
+    head = _Table(file, "recipe", top.get("recipe", dict, {}))
+    name = head.get("name", str, Path(file).stem)
+    seed = head.get("seed", int, 0)
+    lanes = head.positive_int("lanes", 8)
+    head.finish()
+
+    m = _Table(file, "mixture", top.get("mixture", dict, {}))
+    mixture = MixtureSpec(
+        unit=m.choice("unit", MIX_UNITS, "tokens"),
+        on_exhausted=m.choice("on_exhausted", EXHAUSTION, "repeat"),
+    )
+    m.finish()
+
+    s = _Table(file, "shuffle", top.get("shuffle", dict, {}))
+    shuffle = ShuffleSpec(enabled=s.get("enabled", bool, True), block_size=s.positive_int("block_size", 128))
+    s.finish()
+
+    p = _Table(file, "packing", top.get("packing", dict, {}))
+    packing = PackingSpec(
+        algorithm=p.choice("algorithm", PACKERS, "concat"),
+        open_bins=p.positive_int("open_bins", 8),
+        flush_interval=p.positive_int("flush_interval", 64),
+    )
+    p.finish()
+
+    e = _Table(file, "execution", top.get("execution", dict, {}))
+    execution = ExecutionSpec(
+        workers=e.positive_int("workers", 2, minimum=0),
+        prefetch=e.positive_int("prefetch", 2, minimum=0),
+        block_prefetch=e.positive_int("block_prefetch", 2),
+        cache_dir=e.get("cache_dir", str, ""),
+    )
+    e.finish()
+
+    raw_sources = top.get("source", list, [])
+    if not raw_sources:
+        raise RecipeError(f"{file}: no [[source]] tables: a recipe needs at least one source")
+    sources = tuple(
+        _parse_source(file, i, raw, mixture.on_exhausted) for i, raw in enumerate(raw_sources)
+    )
+    names = [src.name for src in sources]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise RecipeError(f"{file}: duplicate source name(s): {', '.join(dupes)}")
+    top.finish()
+    return Recipe(
+        path=os.path.abspath(file),
+        name=name,
+        seed=seed,
+        lanes=lanes,
+        sources=sources,
+        mixture=mixture,
+        shuffle=shuffle,
+        packing=packing,
+        execution=execution,
+    )
+
+
+def load_recipe(path: str | os.PathLike[str]) -> Recipe:
+    """Read and validate a recipe file; raises RecipeError naming file and key."""
+    file = os.fspath(path)
+    try:
+        with open(file, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise RecipeError(f"{file}: recipe file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise RecipeError(f"{file}: not valid TOML: {exc}") from None
+    return parse_recipe(data, file)
