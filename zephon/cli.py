@@ -1,0 +1,190 @@
+"""`python -m zephon validate | preview | hash | inspect`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from zephon.digest import global_batch_digest
+from zephon.errors import ZephonError
+from zephon.layout import check_layout, lanes_of_rank
+from zephon.loader import ZephonLoader
+from zephon.recipe import load_recipe
+from zephon.shuffle import SourcePlan
+from zephon.sources import SourceReader
+from zephon.state import load_file
+from zephon.tokenize import load_tokenizer
+
+DEFAULT_TOKENIZER = str(Path(__file__).resolve().parents[1] / "assets" / "tokenizer" / "tokenizer.json")
+
+
+def _shape_args(p: argparse.ArgumentParser, dp: bool = True) -> None:
+    p.add_argument("recipe", help="data recipe TOML")
+    p.add_argument("--tokenizer", default=DEFAULT_TOKENIZER, help="tokenizer.json")
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--global-batch", type=int, default=32, help="rows per step, all ranks")
+    if dp:
+        p.add_argument("--dp", type=int, default=1, help="data-parallel size to simulate")
+        p.add_argument("--micro-batch", type=int, default=None, help="rows per micro-batch")
+    p.add_argument("--workers", type=int, default=None, help="override the recipe's workers")
+    p.add_argument("--prefetch", type=int, default=None, help="override the recipe's prefetch")
+
+
+def cmd_validate(a: argparse.Namespace) -> int:
+    recipe = load_recipe(a.recipe)
+    lanes = recipe.lanes
+    micro = a.micro_batch or a.global_batch // max(a.dp, 1)
+    check_layout(lanes, a.dp, a.global_batch, micro)
+    tok = load_tokenizer(a.tokenizer)
+    print(f"recipe    {recipe.path}  (sha256 {recipe.digest()[:16]})")
+    print(f"tokenizer {a.tokenizer}  (vocab {tok.vocab_size}, eos {tok.eos_id}, pad {tok.pad_id})")
+    print(
+        f"layout    lanes={lanes} dp={a.dp} global_batch={a.global_batch} "
+        f"rows/lane/step={a.global_batch // lanes} local_batch={a.global_batch // a.dp} "
+        f"micro_batch={micro} grad_accum={a.global_batch // a.dp // micro} seq_len={a.seq_len}"
+    )
+    for r in range(a.dp):
+        ids = lanes_of_rank(lanes, a.dp, r)
+        print(f"  rank {r}: lanes {ids.start}..{ids.stop - 1}")
+    total_w = sum(s.weight for s in recipe.sources)
+    print(f"mixture   unit={recipe.mixture.unit}")
+    for s in recipe.sources:
+        reader = SourceReader(s, recipe.execution.cache_dir or None)
+        plan = SourcePlan(
+            s.name, reader.num_docs, lanes, recipe.shuffle.block_size, recipe.seed, True
+        )
+        kind = f"pretokenized '{s.token_field}'" if s.pretokenized else f"text '{s.text_field}'"
+        print(
+            f"  {s.name}: {s.format}, {len(s.paths)} file(s), {reader.num_docs} docs, {kind}, "
+            f"weight {s.weight / total_w:.3f}, on_exhausted={s.on_exhausted}, "
+            f"{plan.num_blocks} blocks of {plan.block_size}"
+        )
+    p = recipe.packing
+    print(
+        f"packing   {p.algorithm} flush_interval={p.flush_interval} rows"
+        + (f" open_bins={p.open_bins}" if p.algorithm == "best_fit" else "")
+    )
+    print("ok")
+    return 0
+
+
+def cmd_preview(a: argparse.Namespace) -> int:
+    recipe = load_recipe(a.recipe)
+    lanes = recipe.lanes
+    if not 0 <= a.lane < lanes:
+        raise ZephonError(f"--lane {a.lane} is outside [0, {lanes})")
+    dp = lanes  # one lane per simulated rank, so rank == lane
+    loader = ZephonLoader(
+        recipe, a.tokenizer, a.seq_len, lanes, 1, a.lane, dp, num_workers=a.workers, prefetch=0
+    )
+    tok = loader.tok.tokenizer
+    try:
+        for r in range(a.rows):
+            batch = loader.next_batch()
+            ids = batch.input_ids[0].tolist()
+            pos = batch.positions[0].tolist()
+            pad = (batch.labels[0] == -100).tolist()
+            segments, cur = [], [ids[0]]
+            for t in range(1, len(ids)):
+                if pos[t] == 0:
+                    segments.append(cur)
+                    cur = []
+                cur.append(ids[t])
+            segments.append(cur)
+            print(f"--- lane {a.lane} row {r}: {len(segments)} segment(s), {sum(pad)} ignored labels")
+            for seg in segments:
+                text = tok.decode(seg, skip_special_tokens=False)
+                print(f"  [{len(seg)} tok] {text[: a.chars]!r}")
+    finally:
+        loader.close()
+    return 0
+
+
+def cmd_hash(a: argparse.Namespace) -> int:
+    recipe = load_recipe(a.recipe)
+    tok = load_tokenizer(a.tokenizer)
+    loaders = [
+        ZephonLoader(
+            recipe,
+            tok,
+            a.seq_len,
+            a.global_batch,
+            a.micro_batch,
+            r,
+            a.dp,
+            num_workers=a.workers,
+            prefetch=a.prefetch,
+        )
+        for r in range(a.dp)
+    ]
+    try:
+        for step in range(a.steps):
+            digests: list[bytes] = []
+            for loader in loaders:
+                digests.extend(loader.next_batch().digests)
+            print(f"step {step} {global_batch_digest(digests)}")
+    except StopIteration:
+        print(f"data ended after {step} steps")
+    finally:
+        for loader in loaders:
+            loader.close()
+    return 0
+
+
+def cmd_inspect(a: argparse.Namespace) -> int:
+    state = load_file(a.state)
+    size = os.path.getsize(a.state)
+    lanes = state["lanes"]
+    fp = state["fingerprint"]
+    print(f"{a.state}: {state['format']} v{state['version']}, step {state['step']}")
+    print(f"size {size} bytes, {size / max(len(lanes), 1):.0f} bytes per lane")
+    print("fingerprint " + json.dumps(fp, sort_keys=True))
+    for k, entry in lanes.items():
+        flush = entry["flush"]
+        srcs = " ".join(
+            f"{n}:e{v['epoch']}/{v['pos']}{'(retired)' if v['retired'] else ''}"
+            for n, v in flush["sources"].items()
+        )
+        print(
+            f"  lane {k}: flush row {flush['row']} +{entry['rows_since_flush']} rows, "
+            f"skip {flush['skip_tokens']} tok, {srcs}"
+        )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zephon", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("validate", help="check a recipe and a layout; print the plan")
+    _shape_args(p)
+    p.set_defaults(fn=cmd_validate)
+    p = sub.add_parser("preview", help="decode the first rows of one lane")
+    _shape_args(p, dp=False)
+    p.add_argument("--lane", type=int, default=0)
+    p.add_argument("--rows", type=int, default=2)
+    p.add_argument("--chars", type=int, default=100, help="characters shown per segment")
+    p.set_defaults(fn=cmd_preview)
+    p = sub.add_parser("hash", help="simulate --dp ranks and print each step's global digest")
+    _shape_args(p)
+    p.add_argument("--steps", type=int, default=10)
+    p.set_defaults(fn=cmd_hash)
+    p = sub.add_parser("inspect", help="summarise a saved loader state (JSON)")
+    p.add_argument("state")
+    p.set_defaults(fn=cmd_inspect)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ZephonError as exc:
+        print(f"zephon {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
