@@ -1,0 +1,152 @@
+"""Per-step training metrics: one log line, optional TensorBoard scalars and an
+optional JSONL record. Meant for rank 0 only; the trainer reduces values first."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import torch
+
+from torchtitan.config.job_config import MetricsConfig
+
+logger = logging.getLogger("torchtitan")
+
+
+@dataclass
+class StepMetrics:
+    step: int
+    loss: float
+    """Global-batch loss (already normalised by the global valid-token count)."""
+    grad_norm: float
+    lr: float
+    tokens: int
+    """Tokens in the step's global batch, summed over all ranks."""
+    step_time_s: float
+    data_wait_s: float
+    """Time the step spent blocked waiting for batches."""
+    memory_gib: float | None = None
+    digest: str | None = None
+    """Hex digest of the global batch, if the loader computes one."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.step_time_s if self.step_time_s > 0 else 0.0
+
+    @property
+    def data_wait_share(self) -> float:
+        return self.data_wait_s / self.step_time_s if self.step_time_s > 0 else 0.0
+
+
+def format_step(m: StepMetrics) -> str:
+    """The human-readable log line for one step."""
+    parts = [
+        f"step {m.step:>6}",
+        f"loss {m.loss:8.4f}",
+        f"grad_norm {m.grad_norm:7.4f}",
+        f"lr {m.lr:.3e}",
+        f"tok/s {m.tokens_per_s:,.0f}",
+        f"data_wait {m.data_wait_s:.3f}s ({100 * m.data_wait_share:.1f}%)",
+    ]
+    if m.memory_gib is not None:
+        parts.append(f"mem {m.memory_gib:.2f}GiB")
+    if m.digest:
+        parts.append(f"digest {m.digest[:16]}")
+    return " | ".join(parts)
+
+
+def peak_memory_gib(device: torch.device) -> float | None:
+    """Peak CUDA memory allocated on ``device`` since the last reset, or None off-GPU."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.max_memory_allocated(device) / 2**30
+
+
+def _finite_or_none(x: float) -> float | None:
+    # Strict JSON has no NaN/Infinity; a diverged loss is recorded as null.
+    return x if math.isfinite(x) else None
+
+
+class MetricsLogger:
+    """Writes each step to the log, and to TensorBoard / a JSONL file when enabled.
+
+    The JSONL file is appended to (a resumed run continues the same file) and
+    flushed every line, so it is complete up to a crash.
+    """
+
+    def __init__(self, tb_folder: str | None = None, jsonl_path: str | None = None) -> None:
+        self._tb: Any = None
+        if tb_folder:
+            # Imported lazily: tensorboard is an optional dependency.
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=tb_folder)
+        self._jsonl: TextIO | None = None
+        if jsonl_path:
+            os.makedirs(os.path.dirname(jsonl_path) or ".", exist_ok=True)
+            self._jsonl = open(jsonl_path, "a", encoding="utf-8")
+
+    @classmethod
+    def from_config(cls, cfg: MetricsConfig, dump_folder: str) -> MetricsLogger:
+        """TensorBoard and JSONL paths are taken relative to ``dump_folder``."""
+        tb = os.path.join(dump_folder, cfg.save_tb_folder) if cfg.enable_tensorboard else None
+        jsonl = os.path.join(dump_folder, cfg.jsonl_file) if cfg.jsonl_file else None
+        return cls(tb_folder=tb, jsonl_path=jsonl)
+
+    def log(self, m: StepMetrics) -> str:
+        """Record one step; returns the log line."""
+        line = format_step(m)
+        logger.info(line)
+        if self._tb is not None:
+            scalars = {
+                "loss": m.loss,
+                "grad_norm": m.grad_norm,
+                "lr": m.lr,
+                "tokens_per_s": m.tokens_per_s,
+                "data_wait_s": m.data_wait_s,
+                "data_wait_share": m.data_wait_share,
+            }
+            if m.memory_gib is not None:
+                scalars["memory_gib"] = m.memory_gib
+            for name, value in scalars.items():
+                self._tb.add_scalar(f"train/{name}", value, m.step)
+        if self._jsonl is not None:
+            record = {
+                "step": m.step,
+                "loss": _finite_or_none(m.loss),
+                "grad_norm": _finite_or_none(m.grad_norm),
+                "lr": m.lr,
+                "tokens_per_s": m.tokens_per_s,
+                "data_wait_s": m.data_wait_s,
+                "digest": m.digest,
+            }
+            self._jsonl.write(json.dumps(record) + "\n")
+            self._jsonl.flush()
+        return line
+
+    def log_validation(self, step: int, loss: float) -> str:
+        """Record a validation loss (log line and TensorBoard; not the JSONL file,
+        whose rows are all training steps)."""
+        line = f"validation step {step:>6} | loss {loss:8.4f}"
+        logger.info(line)
+        if self._tb is not None:
+            self._tb.add_scalar("validation/loss", loss, step)
+        return line
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

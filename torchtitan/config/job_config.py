@@ -1,0 +1,454 @@
+"""Job configuration: one dataclass per TOML section, composed into ``JobConfig``.
+
+A run is configured by a TOML file (``--job.config_file``) plus command-line
+overrides (``--section.field value`` or ``--section.field=value``); the command
+line wins. Every value is checked against the field's declared type, and every
+mistake is reported as a ``ConfigError`` naming where it came from, the
+section/field, the offending value and what was expected.
+
+Paths are kept exactly as written: like TorchTitan, they are resolved against
+the working directory the trainer is launched from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import sys
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+class ConfigError(ValueError):
+    """The job configuration (TOML file or command line) is invalid."""
+
+
+@dataclass
+class Job:
+    config_file: str = ""
+    """TOML file the rest of the configuration was loaded from ("" = defaults only)."""
+    dump_folder: str = "./outputs"
+    """Root folder for checkpoints, TensorBoard logs and metrics of this run."""
+    description: str = ""
+
+
+@dataclass
+class Model:
+    name: Literal["llama3"] = "llama3"
+    flavor: str = "debugmodel"
+    """Key of ``LLAMA3_FLAVORS`` (debugmodel, 1B, 8B)."""
+    attention: Literal["doc_causal", "causal"] = "doc_causal"
+    """doc_causal: attend only within the same packed document; causal: whole row."""
+
+
+@dataclass
+class Training:
+    seq_len: int = 256
+    global_batch_size: int = 32
+    """Rows per optimizer step, summed over all data-parallel ranks."""
+    local_batch_size: int = 4
+    """Rows per micro-batch on one rank; the rest is gradient accumulation."""
+    steps: int = 50
+    seed: int = 0
+    max_norm: float = 1.0
+    """Gradient-norm clipping threshold."""
+    mixed_precision_param: Literal["bfloat16", "float32"] = "bfloat16"
+    mixed_precision_reduce: Literal["float32", "bfloat16"] = "float32"
+    activation_checkpoint: Literal["none", "full"] = "none"
+    compile: bool = False
+    deterministic: bool = False
+
+
+@dataclass
+class Parallelism:
+    data_parallel_shard_degree: int = -1
+    """FSDP degree; -1 uses every rank."""
+
+
+@dataclass
+class Checkpoint:
+    enable: bool = True
+    folder: str = "checkpoint"
+    """Relative to job.dump_folder."""
+    interval: int = 25
+    keep_latest_k: int = 0
+    """0 keeps every checkpoint."""
+    load_step: int = -1
+    """-1 resumes from the latest complete checkpoint, if any."""
+    initial_load_path: str = ""
+    """Weights to start from when the run has no checkpoint of its own."""
+
+
+@dataclass
+class Optimizer:
+    name: Literal["AdamW"] = "AdamW"
+    lr: float = 3e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+
+
+@dataclass
+class LRScheduler:
+    warmup_steps: int = 5
+    decay_ratio: float = 0.2
+    """Fraction of training.steps spent decaying at the end (warmup-stable-decay)."""
+    decay_type: Literal["linear", "cosine"] = "linear"
+    min_lr_factor: float = 0.1
+    """Final learning rate as a fraction of optimizer.lr."""
+
+
+@dataclass
+class Metrics:
+    log_freq: int = 1
+    enable_tensorboard: bool = False
+    save_tb_folder: str = "tb"
+    """Relative to job.dump_folder."""
+    jsonl_file: str = "metrics.jsonl"
+    """Per-step JSON lines, relative to job.dump_folder ("" = off)."""
+
+
+@dataclass
+class Validation:
+    enable: bool = False
+    recipe: str = ""
+    freq: int = 0
+    """Validate every N steps; 0 = only at the end."""
+    steps: int = -1
+    """Validation batches per evaluation; -1 = until the data is exhausted."""
+
+
+@dataclass
+class Data:
+    loader: Literal["zephon", "hf"] = "zephon"
+    recipe: str = "train_configs/data/sample_mix.toml"
+    tokenizer: str = "assets/tokenizer/tokenizer.json"
+    log_batch_digests: bool = False
+    num_workers: int = -1
+    """-1 = the recipe's value."""
+    prefetch: int = -1
+    """-1 = the recipe's value."""
+    hf_resume: Literal["refuse", "skip"] = "refuse"
+    """What the hf loader does on resume: refuse, or skip already-seen batches."""
+
+
+@dataclass
+class JobConfig:
+    job: Job = field(default_factory=Job)
+    model: Model = field(default_factory=Model)
+    training: Training = field(default_factory=Training)
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
+    metrics: Metrics = field(default_factory=Metrics)
+    validation: Validation = field(default_factory=Validation)
+    data: Data = field(default_factory=Data)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain nested dict (section -> field -> value), e.g. for logging."""
+        return dataclasses.asdict(self)
+
+
+# Aliases so other modules can annotate with the section they consume.
+OptimizerConfig = Optimizer
+LRSchedulerConfig = LRScheduler
+MetricsConfig = Metrics
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def _sections() -> dict[str, type]:
+    return {f.name: typing.get_type_hints(JobConfig)[f.name] for f in dataclasses.fields(JobConfig)}
+
+
+def _field_types(section_cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(section_cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(section_cls)}
+
+
+def _describe(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))
+    return {
+        bool: "a boolean (true/false)",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+    }[tp]
+
+
+def _suggest(name: str, known: list[str], fmt: str = "{!r}") -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"; did you mean {fmt.format(close[0])}?" if close else ""
+
+
+# --------------------------------------------------------------------------- coercion
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def _convert(value: Any, tp: Any, from_cli: bool) -> Any:
+    """Return ``value`` as type ``tp``, or raise ValueError. CLI values arrive as text;
+    TOML values are already typed and must match (no silent "256" -> 256)."""
+    if typing.get_origin(tp) is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ValueError
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if from_cli and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        raise ValueError
+    if tp is int:
+        if from_cli:
+            return int(value)  # int() rejects "1.5" and "1e3"
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ValueError
+    if tp is float:
+        if from_cli:
+            return float(value)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise ValueError
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ValueError
+    raise TypeError(f"unsupported config field type {tp!r}")
+
+
+def _lookup_section(section: str, source: str) -> type:
+    sections = _sections()
+    if section not in sections:
+        raise ConfigError(
+            f"{source}: unknown section [{section}]{_suggest(section, list(sections), '[{}]')} "
+            f"(known sections: {', '.join(sections)})"
+        )
+    return sections[section]
+
+
+def _lookup_field(section: str, name: str, source: str) -> Any:
+    types = _field_types(_lookup_section(section, source))
+    if name not in types:
+        raise ConfigError(
+            f"{source}: unknown field {name!r} in [{section}]{_suggest(name, list(types))} "
+            f"(known fields: {', '.join(types)})"
+        )
+    return types[name]
+
+
+def _set(
+    cfg: JobConfig,
+    section: str,
+    name: str,
+    value: Any,
+    source: str,
+    provenance: dict[tuple[str, str], str],
+    from_cli: bool,
+) -> None:
+    tp = _lookup_field(section, name, source)
+    try:
+        converted = _convert(value, tp, from_cli)
+    except ValueError:
+        raise ConfigError(
+            f"{source}: [{section}] {name} = {value!r} is invalid: expected {_describe(tp)}"
+        ) from None
+    setattr(getattr(cfg, section), name, converted)
+    provenance[(section, name)] = source
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def _read_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path!r} not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path!r} is a directory, expected a TOML file") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path!r} cannot be read: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path!r} is not valid TOML: {e}") from None
+
+
+def _apply_toml(
+    cfg: JobConfig, path: str, data: dict[str, Any], provenance: dict[tuple[str, str], str]
+) -> None:
+    source = f"config file {path!r}"
+    for section, table in data.items():
+        _lookup_section(section, source)
+        if not isinstance(table, dict):
+            raise ConfigError(
+                f"{source}: {section} = {table!r} is invalid: expected a table [{section}]"
+            )
+        for name, value in table.items():
+            _set(cfg, section, name, value, source, provenance, from_cli=False)
+
+
+def _parse_argv(argv: list[str]) -> list[tuple[str, str, str | None]]:
+    """Split argv into (flag, key, value) triples; value None = bare boolean flag."""
+    out: list[tuple[str, str, str | None]] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--"):
+            raise ConfigError(
+                f"command line: unexpected argument {arg!r}: expected --section.field value"
+            )
+        key, eq, value = arg[2:].partition("=")
+        if eq:
+            out.append((arg, key, value))
+            i += 1
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            out.append((arg, key, argv[i + 1]))
+            i += 2
+        else:
+            out.append((arg, key, None))
+            i += 1
+    return out
+
+
+def _apply_cli(
+    cfg: JobConfig,
+    overrides: list[tuple[str, str, str | None]],
+    provenance: dict[tuple[str, str], str],
+) -> None:
+    for flag, key, value in overrides:
+        source = f"command line ({flag.partition('=')[0]})"
+        section, dot, name = key.partition(".")
+        if not dot or not section or not name or "." in name:
+            raise ConfigError(f"{source}: expected --section.field, e.g. --training.steps 10")
+        if value is None:
+            # A bare flag means true, but only for boolean fields.
+            tp = _lookup_field(section, name, source)
+            if tp is not bool:
+                raise ConfigError(f"{source}: [{section}] {name} needs a value: {_describe(tp)}")
+            value = "true"
+        _set(cfg, section, name, value, source, provenance, from_cli=True)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_ranges(cfg: JobConfig, provenance: dict[tuple[str, str], str]) -> None:
+    """Reject values that have the right type but make no sense."""
+    rules: list[tuple[str, str, Any, str]] = [
+        ("training", "seq_len", lambda v: v >= 1, "an integer >= 1"),
+        ("training", "global_batch_size", lambda v: v >= 1, "an integer >= 1"),
+        ("training", "local_batch_size", lambda v: v >= 1, "an integer >= 1"),
+        ("training", "steps", lambda v: v >= 1, "an integer >= 1"),
+        ("training", "max_norm", lambda v: v > 0, "a number > 0"),
+        ("parallelism", "data_parallel_shard_degree", lambda v: v == -1 or v >= 1, "-1 or >= 1"),
+        ("checkpoint", "interval", lambda v: v >= 1, "an integer >= 1"),
+        ("checkpoint", "keep_latest_k", lambda v: v >= 0, "an integer >= 0"),
+        ("checkpoint", "load_step", lambda v: v >= -1, "-1 or a step >= 0"),
+        ("optimizer", "lr", lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
+        ("optimizer", "beta1", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+        ("optimizer", "beta2", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+        ("optimizer", "eps", lambda v: v > 0, "a number > 0"),
+        ("optimizer", "weight_decay", lambda v: v >= 0, "a number >= 0"),
+        ("lr_scheduler", "warmup_steps", lambda v: v >= 0, "an integer >= 0"),
+        ("lr_scheduler", "decay_ratio", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+        ("lr_scheduler", "min_lr_factor", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+        ("metrics", "log_freq", lambda v: v >= 1, "an integer >= 1"),
+        ("validation", "freq", lambda v: v >= 0, "an integer >= 0"),
+        ("validation", "steps", lambda v: v == -1 or v >= 1, "-1 or an integer >= 1"),
+        ("data", "num_workers", lambda v: v >= -1, "-1 or an integer >= 0"),
+        ("data", "prefetch", lambda v: v >= -1, "-1 or an integer >= 0"),
+    ]
+    for section, name, ok, expected in rules:
+        value = getattr(getattr(cfg, section), name)
+        if not ok(value):
+            source = provenance.get((section, name), "default")
+            raise ConfigError(
+                f"{source}: [{section}] {name} = {value!r} is invalid: expected {expected}"
+            )
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def help_text() -> str:
+    lines = ["usage: --job.config_file PATH [--section.field VALUE | --section.field=VALUE]..."]
+    default = JobConfig()
+    for section, cls in _sections().items():
+        lines.append(f"\n[{section}]")
+        for name, tp in _field_types(cls).items():
+            value = getattr(getattr(default, section), name)
+            lines.append(f"  --{section}.{name}  ({_describe(tp)}, default {value!r})")
+    return "\n".join(lines)
+
+
+def load_job_config(argv: list[str] | None = None) -> JobConfig:
+    """Build the JobConfig from defaults, ``--job.config_file`` TOML, then CLI overrides.
+
+    ``argv`` defaults to ``sys.argv[1:]``. ``-h``/``--help`` prints every field and
+    exits. Raises ConfigError for any invalid input.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        print(help_text())
+        raise SystemExit(0)
+
+    overrides = _parse_argv(argv)
+    cfg = JobConfig()
+    provenance: dict[tuple[str, str], str] = {}
+
+    config_file = ""
+    for flag, key, value in overrides:
+        if key == "job.config_file":
+            if not value:
+                raise ConfigError(f"command line ({flag}): --job.config_file needs a path")
+            config_file = value
+    if config_file:
+        _apply_toml(cfg, config_file, _read_toml(config_file), provenance)
+
+    _apply_cli(cfg, overrides, provenance)
+    cfg.job.config_file = config_file
+    _check_ranges(cfg, provenance)
+    return cfg
+
+
+def to_toml(cfg: JobConfig) -> str:
+    """Render the config as TOML that ``load_job_config`` reads back unchanged."""
+    out: list[str] = []
+    for section, values in cfg.to_dict().items():
+        out.append(f"[{section}]")
+        for name, value in values.items():
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, str):
+                text = json.dumps(value)  # JSON string escapes are valid TOML
+            else:
+                text = repr(value)
+            out.append(f"{name} = {text}")
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = load_job_config(argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(to_toml(cfg), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

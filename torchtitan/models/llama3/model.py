@@ -1,0 +1,275 @@
+"""A Llama-3-style decoder-only transformer.
+
+Structure (FQNs matter for checkpoints): ``tok_embeddings``, ``layers.<i>``
+(``attention_norm``, ``attention.{wq,wk,wv,wo}``, ``ffn_norm``,
+``feed_forward.{w1,w2,w3}``), ``norm``, ``output`` (absent when tied).
+
+Packed rows: ``positions`` restart at 0 at every document start. In
+``doc_causal`` mode rotary embeddings use those positions and attention is
+causal within each document only, so a packed document is computed exactly as
+if it were alone in its row.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.utils.checkpoint import checkpoint
+
+from torchtitan.models.llama3.args import ModelArgs, RopeScaling
+
+# --------------------------------------------------------------------------- rotary
+
+
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
+    """Inverse frequencies (float64, CPU) for the ``head_dim // 2`` rotated pairs."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    if scaling is None:
+        return inv_freq
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen = scaling.original_max_seq_len / scaling.low_freq_factor
+    high_wavelen = scaling.original_max_seq_len / scaling.high_freq_factor
+    # 0 for long wavelengths (fully scaled) .. 1 for short ones (kept), linear in between.
+    smooth = (scaling.original_max_seq_len / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    smooth = smooth.clamp(0.0, 1.0)
+    smooth = torch.where(wavelen < high_wavelen, 1.0, smooth)
+    smooth = torch.where(wavelen > low_wavelen, 0.0, smooth)
+    return (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+
+
+def build_rope_cache(args: ModelArgs) -> torch.Tensor:
+    """``[max_seq_len, head_dim // 2, 2]`` float32 table of (cos, sin) per position.
+
+    Angles are computed in float64: at positions in the thousands float32 loses
+    about 1e-3 rad."""
+    inv_freq = rope_frequencies(args.head_dim, args.rope_theta, args.rope_scaling)
+    angles = torch.outer(torch.arange(args.max_seq_len, dtype=torch.float64), inv_freq)
+    return torch.stack((angles.cos(), angles.sin()), dim=-1).float()
+
+
+def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [B, S, H, D]`` by ``rope [B or 1, S, D/2, 2]``.
+
+    Pairs are adjacent elements (2i, 2i+1), the layout of Meta's Llama weights."""
+    cos = rope[..., 0].unsqueeze(2)
+    sin = rope[..., 1].unsqueeze(2)
+    xf = x.float().unflatten(-1, (-1, 2))
+    x0, x1 = xf[..., 0], xf[..., 1]
+    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+def document_causal_mask(positions: torch.Tensor) -> torch.Tensor:
+    """Boolean ``[B, 1, S, S]`` mask (True = may attend): causal and within the
+    same document, where a document starts at every ``positions == 0``."""
+    seq_len = positions.shape[1]
+    doc_id = torch.cumsum(positions == 0, dim=1)
+    same_doc = doc_id.unsqueeze(2) == doc_id.unsqueeze(1)
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=positions.device).tril()
+    return (same_doc & causal).unsqueeze(1)
+
+
+# --------------------------------------------------------------------------- layers
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 even under bf16 mixed precision.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+class Attention(nn.Module):
+    """Grouped-query attention: ``n_kv_heads`` key/value heads shared by groups of
+    query heads."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.n_heads = args.n_heads
+        self.n_kv_heads = args.kv_heads
+        self.head_dim = args.head_dim
+        self.wq = nn.Linear(args.dim, self.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(self.n_heads * self.head_dim, args.dim, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        bsz, seq_len, _ = x.shape
+        q = self.wq(x).view(bsz, seq_len, self.n_heads, self.head_dim)
+        k = self.wk(x).view(bsz, seq_len, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(bsz, seq_len, self.n_kv_heads, self.head_dim)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, S, D]
+        # Expand kv heads explicitly rather than SDPA's enable_gqa, which not every
+        # backend supports together with an explicit mask.
+        groups = self.n_heads // self.n_kv_heads
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+
+        if mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = out.transpose(1, 2).reshape(bsz, seq_len, self.n_heads * self.head_dim)
+        return self.wo(out)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: ``w2(silu(w1 x) * w3 x)``."""
+
+    def __init__(self, dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
+        # Set by apply_activation_checkpointing. A flag instead of a wrapper module
+        # keeps parameter names (and so checkpoints) identical with AC on or off.
+        self.checkpoint_activations = False
+
+    def _block(
+        self, x: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope, mask)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def forward(
+        self, x: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        if self.checkpoint_activations and torch.is_grad_enabled():
+            return checkpoint(self._block, x, rope, mask, use_reentrant=False)
+        return self._block(x, rope, mask)
+
+
+# --------------------------------------------------------------------------- model
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        # ModuleDict keyed "0".."n-1": same FQNs as a list, and layers can be
+        # removed (e.g. for pipeline stages) without renumbering.
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        # Tied: project with the embedding matrix in forward instead of sharing a
+        # Parameter object, which survives to_empty() and FSDP sharding untouched.
+        self.output = (
+            None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
+        )
+        # Derived from args, so never checkpointed (non-persistent).
+        self.register_buffer("rope_cache", build_rope_cache(args), persistent=False)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """``tokens [B, S]`` (and optional per-document ``positions [B, S]``) ->
+        logits ``[B, S, vocab_size]``."""
+        seq_len = tokens.shape[1]
+        if seq_len > self.args.max_seq_len:
+            raise ValueError(
+                f"sequence length {seq_len} exceeds max_seq_len {self.args.max_seq_len}"
+            )
+        if positions is None or self.args.attention == "causal":
+            rope = self.rope_cache[:seq_len].unsqueeze(0)
+            mask = None
+        else:
+            rope = self.rope_cache[positions]
+            mask = document_causal_mask(positions)
+
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers.values():
+            h = layer(h, rope, mask)
+        h = self.norm(h)
+        if self.output is None:
+            return F.linear(h, self.tok_embeddings.weight)
+        return self.output(h)
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """Initialise every parameter and recompute the rotary cache.
+
+        Each parameter is drawn in full, in ``named_parameters`` order, from
+        ``generator`` (CPU default generator when None) and then cut to this
+        rank's shard, so the weights depend only on the seed and the generator's
+        device -- not on the world size or on whether FSDP was applied yet. Works
+        after ``to_empty()`` of a meta-device model. Costs one full-size tensor
+        per parameter in turn on the generator's device.
+
+        Scheme: normal(0, init_std) for embeddings and input projections;
+        init_std / sqrt(2 * n_layers) for the projections that write into the
+        residual stream (attention.wo, feed_forward.w2), so its variance does not
+        grow with depth; ones for norms.
+        """
+        self.rope_cache.copy_(build_rope_cache(self.args).to(self.rope_cache.device))
+
+        std = self.args.init_std
+        residual_std = std / math.sqrt(2 * self.args.n_layers)
+        norm_params = {id(m.weight) for m in self.modules() if isinstance(m, RMSNorm)}
+        residual_params: set[int] = set()
+        for block in self.layers.values():
+            residual_params.add(id(block.attention.wo.weight))
+            residual_params.add(id(block.feed_forward.w2.weight))
+
+        gen_device = generator.device if generator is not None else torch.device("cpu")
+        for param in self.parameters():
+            full = torch.empty(param.shape, dtype=torch.float32, device=gen_device)
+            if id(param) in norm_params:
+                full.fill_(1.0)
+            else:
+                p_std = residual_std if id(param) in residual_params else std
+                full.normal_(0.0, p_std, generator=generator)
+            _copy_full_into(param, full)
+
+
+def _copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy a full (unsharded) tensor into ``param``, which may be an FSDP2 DTensor."""
+    if isinstance(param, DTensor):
+        local = param.to_local()
+        # src_data_rank=None: every rank holds the same full tensor, so each slices
+        # its own shard locally instead of receiving it from rank 0.
+        shard = distribute_tensor(
+            full.to(local.device), param.device_mesh, param.placements, src_data_rank=None
+        )
+        local.copy_(shard.to_local())
+    else:
+        param.copy_(full)
+
+
+def apply_activation_checkpointing(model: Transformer) -> None:
+    """Recompute each block's activations in backward (non-reentrant
+    ``torch.utils.checkpoint``), trading compute for memory. Apply before
+    ``fully_shard``; parameter names do not change."""
+    for block in model.layers.values():
+        block.checkpoint_activations = True
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of distinct parameters (global sizes, also for sharded or meta models)."""
+    return sum(p.numel() for p in model.parameters())
