@@ -95,7 +95,9 @@ def make_recipe(tmp_path: Path) -> RecipeFactory:
         for k, (name, n, weight) in enumerate(sources):
             suffix = ".jsonl.gz" if gz else ".jsonl"
             write_jsonl(root / f"{name}{suffix}", synthetic_docs(n, seed=100 + k), gz=gz)
-            parts.append(f'[[source]]\nname = "{name}"\npath = "{name}{suffix}"\nweight = {weight}\n')
+            parts.append(
+                f'[[source]]\nname = "{name}"\npath = "{name}{suffix}"\nweight = {weight}\n'
+            )
         parts.append(extra)
         path = root / "recipe.toml"
         path.write_text("\n".join(parts))

@@ -49,7 +49,9 @@ class Batch:
         ]
 
 
-def rows_to_batch(step: int, tokens: np.ndarray, positions: np.ndarray, digests: list[bytes]) -> Batch:
+def rows_to_batch(
+    step: int, tokens: np.ndarray, positions: np.ndarray, digests: list[bytes]
+) -> Batch:
     """Turn packed rows (seq_len + 1 tokens; position -1 marks padding) into a Batch."""
     tok = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))
     pos = torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64))

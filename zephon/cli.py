@@ -18,7 +18,9 @@ from zephon.sources import SourceReader
 from zephon.state import load_file
 from zephon.tokenize import load_tokenizer
 
-DEFAULT_TOKENIZER = str(Path(__file__).resolve().parents[1] / "assets" / "tokenizer" / "tokenizer.json")
+DEFAULT_TOKENIZER = str(
+    Path(__file__).resolve().parents[1] / "assets" / "tokenizer" / "tokenizer.json"
+)
 
 
 def _shape_args(p: argparse.ArgumentParser, dp: bool = True) -> None:
@@ -94,7 +96,9 @@ def cmd_preview(a: argparse.Namespace) -> int:
                     cur = []
                 cur.append(ids[t])
             segments.append(cur)
-            print(f"--- lane {a.lane} row {r}: {len(segments)} segment(s), {sum(pad)} ignored labels")
+            print(
+                f"--- lane {a.lane} row {r}: {len(segments)} segment(s), {sum(pad)} ignored labels"
+            )
             for seg in segments:
                 text = tok.decode(seg, skip_special_tokens=False)
                 print(f"  [{len(seg)} tok] {text[: a.chars]!r}")

@@ -63,7 +63,9 @@ class PipelineContext:
 class SourceCursor:
     """A lane's position in one source, with tokenized blocks prefetched ahead."""
 
-    def __init__(self, ctx: PipelineContext, source: int, lane: int, epoch: int, pos: int, retired: bool):
+    def __init__(
+        self, ctx: PipelineContext, source: int, lane: int, epoch: int, pos: int, retired: bool
+    ):
         self.ctx, self.source, self.lane = ctx, source, lane
         self.plan, self.reader = ctx.plans[source], ctx.readers[source]
         self.repeat = ctx.recipe.sources[source].on_exhausted == "repeat"

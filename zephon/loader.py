@@ -105,7 +105,9 @@ class ZephonLoader:
         )
         self.fingerprint = {
             "recipe": self.recipe.digest(),
-            "sources": {s.name: r.num_docs for s, r in zip(self.recipe.sources, readers, strict=True)},
+            "sources": {
+                s.name: r.num_docs for s, r in zip(self.recipe.sources, readers, strict=True)
+            },
             "tokenizer": self.tok.fingerprint,
             "seq_len": seq_len,
             "global_batch_size": global_batch_size,

@@ -249,7 +249,9 @@ def parse_recipe(data: dict[str, Any], file: str) -> Recipe:
     m.finish()
 
     s = _Table(file, "shuffle", top.get("shuffle", dict, {}))
-    shuffle = ShuffleSpec(enabled=s.get("enabled", bool, True), block_size=s.positive_int("block_size", 128))
+    shuffle = ShuffleSpec(
+        enabled=s.get("enabled", bool, True), block_size=s.positive_int("block_size", 128)
+    )
     s.finish()
 
     p = _Table(file, "packing", top.get("packing", dict, {}))

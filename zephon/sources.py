@@ -121,7 +121,10 @@ class _JsonlFile:
         if size == 0:
             starts = ends = np.zeros(0, dtype=np.int64)
         else:
-            with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            with (
+                open(self.path, "rb") as f,
+                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm,
+            ):
                 buf = np.frombuffer(mm, dtype=np.uint8)
                 newlines = np.flatnonzero(buf == 10).astype(np.int64)
                 del buf
@@ -152,13 +155,19 @@ class _JsonlFile:
                 record = json.loads(line)
             except UnicodeDecodeError as exc:
                 where = f"{self.origin}:{_line_number(self.path, int(self.starts[i]))}"
-                raise DataError(f"{where}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+                raise DataError(
+                    f"{where}: not valid UTF-8 ({exc.reason} at byte {exc.start})"
+                ) from None
             except json.JSONDecodeError as exc:
                 where = f"{self.origin}:{_line_number(self.path, int(self.starts[i]))}"
-                raise DataError(f"{where}: not valid JSON ({exc.msg}, column {exc.colno})") from None
+                raise DataError(
+                    f"{where}: not valid JSON ({exc.msg}, column {exc.colno})"
+                ) from None
             if not isinstance(record, dict) or field not in record:
                 where = f"{self.origin}:{_line_number(self.path, int(self.starts[i]))}"
-                have = ", ".join(sorted(record)) if isinstance(record, dict) else type(record).__name__
+                have = (
+                    ", ".join(sorted(record)) if isinstance(record, dict) else type(record).__name__
+                )
                 raise DataError(f"{where}: no field '{field}' (record has: {have})")
             start = int(self.starts[i])
             out.append(
@@ -260,7 +269,9 @@ class _HFDataset:
 
     def read(self, a: int, b: int) -> list[Any]:
         values = self.ds[a:b][self.field]
-        return [_check_value(v, self.spec, f"{self.label}: row {a + k}") for k, v in enumerate(values)]
+        return [
+            _check_value(v, self.spec, f"{self.label}: row {a + k}") for k, v in enumerate(values)
+        ]
 
 
 class SourceReader:

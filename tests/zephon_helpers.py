@@ -1,0 +1,36 @@
+"""Helpers shared by the Zephon tests: simulate D ranks in one process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zephon import ZephonLoader, global_batch_digest, merge_rank_states
+
+SEQ_LEN = 32
+GLOBAL_BATCH = 16
+
+
+def make_ranks(recipe: Any, tok: Any, dp: int, **kw: Any) -> list[ZephonLoader]:
+    kw.setdefault("seq_len", SEQ_LEN)
+    kw.setdefault("global_batch_size", GLOBAL_BATCH)
+    return [ZephonLoader(recipe, tok, dp_rank=r, dp_size=dp, **kw) for r in range(dp)]
+
+
+def step_digests(loaders: list[ZephonLoader], steps: int) -> list[str]:
+    """Global digest of each step, lanes gathered in rank order."""
+    out = []
+    for _ in range(steps):
+        digests: list[bytes] = []
+        for loader in loaders:
+            digests.extend(loader.next_batch().digests)
+        out.append(global_batch_digest(digests))
+    return out
+
+
+def save(loaders: list[ZephonLoader]) -> dict[str, Any]:
+    return merge_rank_states([loader.state_dict() for loader in loaders])
+
+
+def close(loaders: list[ZephonLoader]) -> None:
+    for loader in loaders:
+        loader.close()
