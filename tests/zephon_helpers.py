@@ -4,13 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from zephon import ZephonLoader, global_batch_digest, merge_rank_states
+from functools import lru_cache
+
+from zephon import ZephonLoader, global_batch_digest, load_tokenizer, merge_rank_states
 
 SEQ_LEN = 32
 GLOBAL_BATCH = 16
 
 
+_tokenizer = lru_cache(maxsize=4)(load_tokenizer)
+
+
 def make_ranks(recipe: Any, tok: Any, dp: int, **kw: Any) -> list[ZephonLoader]:
+    if isinstance(tok, str):
+        tok = _tokenizer(tok)  # parse tokenizer.json once per test session
     kw.setdefault("seq_len", SEQ_LEN)
     kw.setdefault("global_batch_size", GLOBAL_BATCH)
     return [ZephonLoader(recipe, tok, dp_rank=r, dp_size=dp, **kw) for r in range(dp)]

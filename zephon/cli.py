@@ -23,14 +23,24 @@ DEFAULT_TOKENIZER = str(
 )
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
 def _shape_args(p: argparse.ArgumentParser, dp: bool = True) -> None:
     p.add_argument("recipe", help="data recipe TOML")
     p.add_argument("--tokenizer", default=DEFAULT_TOKENIZER, help="tokenizer.json")
-    p.add_argument("--seq-len", type=int, default=256)
-    p.add_argument("--global-batch", type=int, default=32, help="rows per step, all ranks")
+    p.add_argument("--seq-len", type=_positive, default=256)
+    p.add_argument("--global-batch", type=_positive, default=32, help="rows per step, all ranks")
     if dp:
-        p.add_argument("--dp", type=int, default=1, help="data-parallel size to simulate")
-        p.add_argument("--micro-batch", type=int, default=None, help="rows per micro-batch")
+        p.add_argument("--dp", type=_positive, default=1, help="data-parallel size to simulate")
+        p.add_argument("--micro-batch", type=_positive, default=None, help="rows per micro-batch")
     p.add_argument("--workers", type=int, default=None, help="override the recipe's workers")
     p.add_argument("--prefetch", type=int, default=None, help="override the recipe's prefetch")
 
@@ -89,17 +99,23 @@ def cmd_preview(a: argparse.Namespace) -> int:
             ids = batch.input_ids[0].tolist()
             pos = batch.positions[0].tolist()
             pad = (batch.labels[0] == -100).tolist()
+            # Input token t is padding iff label t-1 is ignored; padding has position 0
+            # (clamped), so it must not start a segment per token.
+            is_pad = [False] + pad[:-1]
             segments, cur = [], [ids[0]]
             for t in range(1, len(ids)):
-                if pos[t] == 0:
+                if (pos[t] == 0 and not is_pad[t]) or (is_pad[t] and not is_pad[t - 1]):
                     segments.append(cur)
                     cur = []
                 cur.append(ids[t])
             segments.append(cur)
-            print(
-                f"--- lane {a.lane} row {r}: {len(segments)} segment(s), {sum(pad)} ignored labels"
-            )
-            for seg in segments:
+            n_pad = sum(is_pad)
+            docs = len(segments) - (1 if n_pad else 0)
+            print(f"--- lane {a.lane} row {r}: {docs} segment(s), {sum(pad)} ignored labels")
+            for k, seg in enumerate(segments):
+                if n_pad and k == len(segments) - 1:
+                    print(f"  [{len(seg)} tok] (padding)")
+                    continue
                 text = tok.decode(seg, skip_special_tokens=False)
                 print(f"  [{len(seg)} tok] {text[: a.chars]!r}")
     finally:
@@ -140,6 +156,16 @@ def cmd_hash(a: argparse.Namespace) -> int:
 
 def cmd_inspect(a: argparse.Namespace) -> int:
     state = load_file(a.state)
+    try:
+        _print_state(a, state)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ZephonError(
+            f"{a.state}: malformed loader state ({type(exc).__name__}: {exc})"
+        ) from None
+    return 0
+
+
+def _print_state(a: argparse.Namespace, state: dict) -> None:
     size = os.path.getsize(a.state)
     lanes = state["lanes"]
     fp = state["fingerprint"]
@@ -156,7 +182,6 @@ def cmd_inspect(a: argparse.Namespace) -> int:
             f"  lane {k}: flush row {flush['row']} +{entry['rows_since_flush']} rows, "
             f"skip {flush['skip_tokens']} tok, {srcs}"
         )
-    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -130,7 +130,10 @@ class ZephonLoader:
             for lane in self.lane_ids
         ]
         self.step = step
-        self._flush_log: dict[int, list[dict[str, Any]]] = {lane: [] for lane in self.lane_ids}
+        # Each lane's starting flush point is known before anything is produced.
+        self._flush_log: dict[int, list[dict[str, Any]]] = {
+            lane.lane: lane.take_flushes() for lane in self.lanes
+        }
         self._produced_step = step
         self._ended = False
 
@@ -274,7 +277,7 @@ class ZephonLoader:
             self.replay["rows"] += skip
             self.replay["docs_packed"] += lane.docs_packed
             self.replay["docs_tokenized"] += lane.docs_tokenized
-            self._flush_log[lane.lane] = lane.take_flushes()
+            self._flush_log[lane.lane].extend(lane.take_flushes())
             self._prune(lane.lane)
         self._launch()
 

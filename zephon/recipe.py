@@ -120,11 +120,13 @@ class _Table:
         if not isinstance(data, dict):
             raise RecipeError(f"{file}: [{where}] must be a table, got {type(data).__name__}")
         self.file, self.where, self.data = file, where, dict(data)
+        self.known: list[str] = []  # every key asked for, to list in finish()
 
     def _err(self, key: str, msg: str) -> RecipeError:
         return RecipeError(f"{self.file}: {self.where}.{key}: {msg}")
 
     def get(self, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+        self.known.append(key)
         if key not in self.data:
             if default is ...:
                 raise self._err(key, "is required")
@@ -157,8 +159,11 @@ class _Table:
 
     def finish(self) -> None:
         if self.data:
-            known = ", ".join(sorted(self.data))
-            raise RecipeError(f"{self.file}: [{self.where}] has unknown key(s): {known}")
+            unknown = ", ".join(sorted(self.data))
+            known = ", ".join(sorted(set(self.known)))
+            raise RecipeError(
+                f"{self.file}: [{self.where}] has unknown key(s): {unknown}; expected only: {known}"
+            )
 
 
 def _resolve_paths(file: str, where: str, raw: str | list[str], fmt: str) -> tuple[str, ...]:
@@ -188,7 +193,7 @@ def _resolve_paths(file: str, where: str, raw: str | list[str], fmt: str) -> tup
     return tuple(found)
 
 
-def _guess_format(paths: tuple[str, ...]) -> str:
+def _guess_format(file: str, where: str, paths: tuple[str, ...]) -> str:
     first = paths[0]
     if os.path.isdir(first):
         return "hf_disk"
@@ -196,7 +201,10 @@ def _guess_format(paths: tuple[str, ...]) -> str:
         return "jsonl"
     if first.endswith(".parquet"):
         return "parquet"
-    raise RecipeError(f"cannot guess the format of {first}; set format = one of {FORMATS}")
+    raise RecipeError(
+        f"{file}: {where}.format: cannot guess the format of {first}; "
+        f"set format = one of {', '.join(FORMATS)}"
+    )
 
 
 def _parse_source(file: str, index: int, raw: Any, default_exhaust: str) -> SourceSpec:
@@ -212,7 +220,7 @@ def _parse_source(file: str, index: int, raw: Any, default_exhaust: str) -> Sour
         )
     paths = _resolve_paths(file, t.where, t.get("path", (str, list)), fmt)
     if fmt == "auto":
-        fmt = _guess_format(paths)
+        fmt = _guess_format(file, t.where, paths)
     text_field = t.get("text_field", str, "text")
     token_field = t.get("token_field", str, "")
     weight = t.get("weight", float, 1.0)
@@ -263,11 +271,15 @@ def parse_recipe(data: dict[str, Any], file: str) -> Recipe:
     p.finish()
 
     e = _Table(file, "execution", top.get("execution", dict, {}))
+    cache_dir = e.get("cache_dir", str, "")
+    if cache_dir:  # relative to the recipe folder, like source paths
+        base = os.path.dirname(os.path.abspath(file))
+        cache_dir = os.path.normpath(os.path.join(base, os.path.expanduser(cache_dir)))
     execution = ExecutionSpec(
         workers=e.positive_int("workers", 2, minimum=0),
         prefetch=e.positive_int("prefetch", 2, minimum=0),
         block_prefetch=e.positive_int("block_prefetch", 2),
-        cache_dir=e.get("cache_dir", str, ""),
+        cache_dir=cache_dir,
     )
     e.finish()
 
@@ -280,7 +292,10 @@ def parse_recipe(data: dict[str, Any], file: str) -> Recipe:
     names = [src.name for src in sources]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise RecipeError(f"{file}: duplicate source name(s): {', '.join(dupes)}")
+        raise RecipeError(
+            f"{file}: duplicate source name(s): {', '.join(dupes)}; "
+            "every [[source]] needs a unique name"
+        )
     top.finish()
     return Recipe(
         path=os.path.abspath(file),
@@ -303,6 +318,10 @@ def load_recipe(path: str | os.PathLike[str]) -> Recipe:
             data = tomllib.load(f)
     except FileNotFoundError:
         raise RecipeError(f"{file}: recipe file not found") from None
+    except OSError as exc:  # a folder, no permission...
+        raise RecipeError(f"{file}: cannot read the recipe file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"{file}: not valid TOML: not UTF-8 ({exc.reason})") from None
     except tomllib.TOMLDecodeError as exc:
         raise RecipeError(f"{file}: not valid TOML: {exc}") from None
     return parse_recipe(data, file)

@@ -29,7 +29,7 @@ import numpy as np
 from zephon.errors import DataError
 from zephon.recipe import SourceSpec
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: whitespace-only lines of any length are blank
 
 
 def default_cache_dir() -> str:
@@ -73,9 +73,13 @@ def _check_value(value: Any, spec: SourceSpec, where: Any) -> Any:
         return value
     where = where() if callable(where) else where
     if spec.pretokenized:
+        got = type(value).__name__
+        if isinstance(value, list):
+            k = next(k for k, t in enumerate(value) if not _value_ok([t], spec))
+            got = f"{value[k]!r} at index {k}"
         raise DataError(
             f"{where}: field '{spec.token_field}' must be a list of non-negative "
-            f"token ids, got {type(value).__name__}"
+            f"token ids, got {got}"
         )
     raise DataError(
         f"{where}: field '{spec.text_field}' must be a string, got {type(value).__name__}"
@@ -127,12 +131,15 @@ class _JsonlFile:
             ):
                 buf = np.frombuffer(mm, dtype=np.uint8)
                 newlines = np.flatnonzero(buf == 10).astype(np.int64)
-                del buf
                 starts = np.concatenate([[0], newlines + 1])
                 ends = np.concatenate([newlines, [size]])
                 keep = ends > starts
-                # Lines of only whitespace are blank too; they are short, so check only those.
-                for i in np.flatnonzero(keep & (ends - starts < 8)):
+                # Lines of only whitespace are blank too: check only the short ones and
+                # those that start with whitespace (a JSON record starts with '{').
+                first = buf[np.minimum(starts, size - 1)]
+                del buf
+                maybe_blank = (ends - starts < 8) | np.isin(first, (9, 11, 12, 13, 32))
+                for i in np.flatnonzero(keep & maybe_blank):
                     if not mm[starts[i] : ends[i]].strip():
                         keep[i] = False
                 starts, ends = starts[keep], ends[keep]
@@ -152,7 +159,11 @@ class _JsonlFile:
         for i in range(a, b):
             line = blob[int(self.starts[i]) - lo : int(self.ends[i]) - lo]
             try:
-                record = json.loads(line)
+                # Decode as UTF-8 ourselves: json.loads(bytes) would guess UTF-16/32 from
+                # the first bytes. A byte order mark is allowed at the start of the file.
+                text = line.decode("utf-8")
+                bom = text[:1] == "\ufeff" and int(self.starts[i]) == 0
+                record = json.loads(text[1:] if bom else text)
             except UnicodeDecodeError as exc:
                 where = f"{self.origin}:{_line_number(self.path, int(self.starts[i]))}"
                 raise DataError(
