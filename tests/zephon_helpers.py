@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from functools import lru_cache
+from typing import Any
 
 from zephon import ZephonLoader, global_batch_digest, load_tokenizer, merge_rank_states
 
