@@ -61,6 +61,8 @@ class Training:
     activation_checkpoint: Literal["none", "full"] = "none"
     compile: bool = False
     deterministic: bool = False
+    log_init_digest: bool = False
+    """Log a SHA-256 of the initial weights (gathers full tensors: small models only)."""
 
 
 @dataclass

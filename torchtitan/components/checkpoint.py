@@ -1,0 +1,182 @@
+"""DCP checkpoints in `<dump>/<folder>/step-N/`, with the loader state beside them.
+
+A step folder holds the DCP files (model, optimizer, LR scheduler, train
+state), `dataloader.json` (the loader state of all ranks as one document) and,
+written last, `COMPLETE.json`. Only folders with that marker are resume
+points, so a save interrupted at any moment is never resumed from. DCP
+reshards model and optimizer when the number of processes changes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+from torchtitan.config.job_config import Checkpoint as CheckpointConfig
+
+logger = logging.getLogger("torchtitan")
+
+LOADER_FILE = "dataloader.json"
+COMPLETE_FILE = "COMPLETE.json"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+# Test hook: simulate a crash after the DCP files of step N and before the loader state.
+FAULT_ENV = "TORCHTITAN_FAULT_CRASH_BEFORE_LOADER_STATE"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that was asked for cannot be used."""
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write via a temporary file and rename, so readers see all or nothing."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def complete_steps(folder: str) -> list[int]:
+    """Steps whose save finished (marker present), oldest first."""
+    if not os.path.isdir(folder):
+        return []
+    steps = []
+    for name in os.listdir(folder):
+        m = _STEP_DIR.match(name)
+        if m and os.path.isfile(os.path.join(folder, name, COMPLETE_FILE)):
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def checkpoint_folder(cfg: CheckpointConfig, dump_folder: str) -> str:
+    return os.path.join(dump_folder, cfg.folder)
+
+
+def resume_step(cfg: CheckpointConfig, dump_folder: str) -> int | None:
+    """The step to resume from: `load_step`, or the latest complete one."""
+    if not cfg.enable:
+        return None
+    folder = checkpoint_folder(cfg, dump_folder)
+    steps = complete_steps(folder)
+    if cfg.load_step >= 0:
+        if cfg.load_step not in steps:
+            raise CheckpointError(
+                f"checkpoint.load_step = {cfg.load_step}, but {folder} has no complete "
+                f"checkpoint for that step (complete: {steps or 'none'})"
+            )
+        return cfg.load_step
+    return steps[-1] if steps else None
+
+
+def read_loader_state(cfg: CheckpointConfig, dump_folder: str, step: int) -> dict[str, Any]:
+    path = os.path.join(checkpoint_folder(cfg, dump_folder), f"step-{step}", LOADER_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: cannot read the loader state: {exc}") from None
+
+
+class _TrainState(Stateful):
+    """Model, optimizer, LR scheduler and step as one DCP-stateful object."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: Any, lr_scheduler: Any):
+        self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
+        self.step = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {
+            "model": model_sd,
+            "optimizer": optim_sd,
+            "lr_scheduler": self.lr_scheduler.state_dict(),
+            "train_state": {"step": self.step},
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=sd["model"],
+            optim_state_dict=sd["optimizer"],
+        )
+        self.lr_scheduler.load_state_dict(sd["lr_scheduler"])
+        self.step = int(sd["train_state"]["step"])
+
+
+class CheckpointManager:
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        dump_folder: str,
+        model: torch.nn.Module,
+        optimizer: Any,
+        lr_scheduler: Any,
+    ):
+        self.cfg = cfg
+        self.folder = checkpoint_folder(cfg, dump_folder)
+        self.state = _TrainState(model, optimizer, lr_scheduler)
+        self.rank = dist.get_rank()
+
+    def step_dir(self, step: int) -> str:
+        return os.path.join(self.folder, f"step-{step}")
+
+    def complete_steps(self) -> list[int]:
+        return complete_steps(self.folder)
+
+    def load(self, step: int) -> int:
+        """Load model, optimizer and scheduler of `step` (resharding as needed)."""
+        t0 = time.perf_counter()
+        dcp.load({"train": self.state}, checkpoint_id=self.step_dir(step))
+        logger.info(f"loaded checkpoint {self.step_dir(step)} in {time.perf_counter() - t0:.2f}s")
+        return self.state.step
+
+    def should_save(self, step: int, last_step: int) -> bool:
+        return self.cfg.enable and (step % self.cfg.interval == 0 or step == last_step)
+
+    def save(self, step: int, loader_state: Callable[[], dict[str, Any] | None]) -> None:
+        """Save `step`. `loader_state` is collective; it returns the document on rank 0."""
+        t0 = time.perf_counter()
+        path = self.step_dir(step)
+        if self.rank == 0:
+            if os.path.isdir(path):
+                shutil.rmtree(path)  # leftovers of an interrupted save of this step
+            os.makedirs(path)
+        dist.barrier()
+        self.state.step = step
+        dcp.save({"train": self.state}, checkpoint_id=path)
+        if os.environ.get(FAULT_ENV) == str(step):
+            logger.error(f"{FAULT_ENV}={step}: crashing after the model files, as asked")
+            os._exit(17)
+        doc = loader_state()
+        if self.rank == 0:
+            write_atomic(os.path.join(path, LOADER_FILE), json.dumps(doc, indent=1, sort_keys=True))
+        dist.barrier()
+        if self.rank == 0:
+            marker = {"step": step, "world_size": dist.get_world_size(), "time": time.time()}
+            write_atomic(os.path.join(path, COMPLETE_FILE), json.dumps(marker))
+            self._purge()
+        dist.barrier()
+        logger.info(f"saved checkpoint {path} in {time.perf_counter() - t0:.2f}s")
+
+    def _purge(self) -> None:
+        if self.cfg.keep_latest_k <= 0:
+            return
+        for old in self.complete_steps()[: -self.cfg.keep_latest_k]:
+            # Marker first: a half-deleted folder must not look complete.
+            os.remove(os.path.join(self.step_dir(old), COMPLETE_FILE))
+            shutil.rmtree(self.step_dir(old), ignore_errors=True)

@@ -1,0 +1,135 @@
+"""The trainer's data side: build the `[data]` loader, gather its checkpoint
+state and the global batch digest across ranks, and restore it on resume."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchtitan.config.job_config import JobConfig
+from torchtitan.datasets.hf_baseline import HFBaselineLoader
+from torchtitan.distributed.utils import all_gather_objects
+from zephon import (
+    Batch,
+    LayoutError,
+    StateError,
+    ZephonLoader,
+    check_layout,
+    global_batch_digest,
+    load_recipe,
+    merge_rank_states,
+)
+from zephon.state import check_fingerprint, check_header
+
+HF_STATE_FORMAT = "hf_baseline.rank_states"
+
+
+class TrainDataLoader:
+    """One rank's loader (Zephon or the conventional hf baseline) plus the
+    collective operations the trainer needs around it."""
+
+    def __init__(
+        self,
+        cfg: JobConfig,
+        dp_rank: int,
+        dp_size: int,
+        recipe_path: str | None = None,
+        for_validation: bool = False,
+    ):
+        self.kind = "zephon" if for_validation else cfg.data.loader
+        recipe = load_recipe(recipe_path or cfg.data.recipe)
+        t = cfg.training
+        workers = None if cfg.data.num_workers < 0 else cfg.data.num_workers
+        if self.kind == "zephon":
+            self.loader: ZephonLoader | HFBaselineLoader = ZephonLoader(
+                recipe,
+                cfg.data.tokenizer,
+                t.seq_len,
+                t.global_batch_size,
+                t.local_batch_size,
+                dp_rank,
+                dp_size,
+                num_workers=workers,
+                prefetch=None if cfg.data.prefetch < 0 else cfg.data.prefetch,
+            )
+        else:
+            self.loader = HFBaselineLoader(
+                recipe,
+                cfg.data.tokenizer,
+                t.seq_len,
+                t.global_batch_size,
+                dp_rank,
+                dp_size,
+                num_workers=0 if workers is None else workers,
+            )
+        self.resume_mode = cfg.data.hf_resume
+
+    def next_batch(self) -> Batch | None:
+        """This rank's batch, or None when the data ended on this rank."""
+        try:
+            return self.loader.next_batch()
+        except StopIteration:
+            return None
+
+    def global_digest(self, batch: Batch) -> str:
+        """Collective: SHA-256 of the global batch in canonical order."""
+        parts = all_gather_objects(batch.digests)
+        return global_batch_digest([d for rank in parts for d in rank])
+
+    def gather_state(self) -> dict[str, Any] | None:
+        """Collective: the loader state of all ranks as one document (on every rank)."""
+        states = all_gather_objects(self.loader.state_dict())
+        if self.kind == "zephon":
+            return merge_rank_states(states)
+        return {"format": HF_STATE_FORMAT, "ranks": states}
+
+    def check_resumable(self, doc: dict[str, Any]) -> None:
+        """Fail before any training step if the saved data state cannot be continued."""
+        if self.kind == "zephon":
+            if doc.get("format") == HF_STATE_FORMAT:
+                raise StateError(
+                    "the checkpoint's data state was written by the hf loader; "
+                    "resume it with --data.loader hf"
+                )
+            check_header(doc)
+            check_fingerprint(doc["fingerprint"], self.loader.fingerprint)
+        elif doc.get("format") != HF_STATE_FORMAT:
+            raise StateError(
+                "the checkpoint's data state was written by the zephon loader; "
+                "resume it with --data.loader zephon"
+            )
+
+    def restore(self, doc: dict[str, Any]) -> None:
+        self.check_resumable(doc)
+        if self.kind == "zephon":
+            self.loader.load_state_dict(doc)
+        else:
+            self.loader.load_state_dict(doc["ranks"], mode=self.resume_mode)
+
+    def close(self) -> None:
+        self.loader.close()
+
+
+def check_startup(cfg: JobConfig, dp_size: int, lanes: int | None, max_seq_len: int) -> None:
+    """The startup validator: each failure is one message naming the numbers."""
+    t = cfg.training
+    if t.seq_len > max_seq_len:
+        raise LayoutError(
+            f"training.seq_len {t.seq_len} exceeds the model's limit of {max_seq_len} tokens "
+            f"(model.flavor {cfg.model.flavor!r}); use seq_len <= {max_seq_len}"
+        )
+    if lanes is not None:
+        try:
+            check_layout(lanes, dp_size, t.global_batch_size, t.local_batch_size)
+        except LayoutError as exc:
+            raise LayoutError(
+                f"{exc} [training.global_batch_size={t.global_batch_size}, "
+                f"training.local_batch_size={t.local_batch_size}, data-parallel size={dp_size}, "
+                f"lanes={lanes} from {cfg.data.recipe}]"
+            ) from None
+        return
+    local, rem = divmod(t.global_batch_size, dp_size)
+    if rem or local % t.local_batch_size:
+        raise LayoutError(
+            f"training.global_batch_size {t.global_batch_size} must split into {dp_size} ranks "
+            f"x whole micro-batches of training.local_batch_size {t.local_batch_size}"
+        )

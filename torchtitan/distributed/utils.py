@@ -1,0 +1,83 @@
+"""Process-group setup and teardown for torchrun launches (gloo on CPU, nccl on CUDA)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(timeout_s: int = 600) -> DistInfo:
+    """Join the process group torchrun set up (or a one-process group when run
+    directly with python). CUDA when visible, else CPU; the backend follows."""
+    if "RANK" not in os.environ:
+        # A plain `python -m torchtitan.train`: a group of one on this host.
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if backend == "nccl" else None,
+        )
+    return DistInfo(rank, world, local_rank, device, backend)
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's object, in rank order (small payloads: digests, loader state)."""
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def exit_process(code: int) -> None:
+    """Leave without running C++ destructors at interpreter shutdown.
+
+    Tearing down a gloo group after FSDP2 work can abort the process
+    ("terminate called without an active exception"). Every rank first meets
+    at a barrier so no peer is still talking to it, then output is flushed
+    and the process exits directly with its real status, skipping the gloo
+    teardown (the OS reclaims its sockets).
+    """
+    if dist.is_initialized():
+        try:
+            if code == 0:
+                dist.barrier()
+            # gloo's teardown is the part that aborts; NCCL wants an explicit destroy.
+            if dist.get_backend() == "nccl":
+                dist.destroy_process_group()
+        except Exception:  # a peer already gone: nothing left to tear down cleanly
+            pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,285 @@
+"""The training loop: `torchrun ... -m torchtitan.train --job.config_file X [--section.field v]`.
+
+One process per device. Data parallelism is FSDP2 over all ranks; the loss is
+normalised by the valid tokens of the whole global batch, so neither the rank
+count nor the micro-batch size changes what is optimised.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import sys
+import time
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+
+from torchtitan.components.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    read_loader_state,
+    resume_step,
+)
+from torchtitan.components.loss import cross_entropy_sum
+from torchtitan.components.lr_scheduler import build_lr_scheduler
+from torchtitan.components.metrics import MetricsLogger, StepMetrics, peak_memory_gib
+from torchtitan.components.optimizer import build_optimizer
+from torchtitan.config.job_config import ConfigError, JobConfig, load_job_config
+from torchtitan.datasets.dataloader import TrainDataLoader, check_startup
+from torchtitan.distributed.parallelize import parallelize_model
+from torchtitan.distributed.utils import DistInfo, exit_process, init_distributed
+from torchtitan.models.llama3.args import get_model_args
+from torchtitan.models.llama3.model import Transformer, count_parameters
+from zephon import ZephonError, load_recipe, load_tokenizer
+
+logger = logging.getLogger("torchtitan")
+
+
+def _setup_logging(rank: int) -> None:
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format="%(asctime)s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stdout,
+        force=True,
+    )
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+class Trainer:
+    def __init__(self, cfg: JobConfig, dist_info: DistInfo):
+        self.cfg, self.info = cfg, dist_info
+        t = cfg.training
+        world = dist_info.world_size
+        dp = cfg.parallelism.data_parallel_shard_degree
+        dp = world if dp == -1 else dp
+        if dp != world:
+            raise ConfigError(
+                f"parallelism.data_parallel_shard_degree = {dp}, but {world} processes were "
+                "launched; only data parallelism is implemented, so it must be -1 or the "
+                "number of processes"
+            )
+        self.dp, self.rank, self.device = dp, dist_info.rank, dist_info.device
+        if t.deterministic:
+            if self.device.type == "cuda":
+                os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
+        torch.manual_seed(t.seed)
+
+        tok = load_tokenizer(cfg.data.tokenizer)
+        self.model_args = get_model_args(
+            cfg.model.flavor, vocab_size=tok.vocab_size, attention=cfg.model.attention
+        )
+        lanes = load_recipe(cfg.data.recipe).lanes if cfg.data.loader == "zephon" else None
+        check_startup(cfg, dp, lanes, self.model_args.max_seq_len)
+        if cfg.validation.enable:
+            if not cfg.validation.recipe:
+                raise ConfigError("validation.enable = true needs validation.recipe")
+            check_startup(cfg, dp, load_recipe(cfg.validation.recipe).lanes, 1 << 30)
+        self.data = TrainDataLoader(cfg, self.rank, dp)
+
+        # Refuse an incompatible resume before paying for the model.
+        self.resume_from = resume_step(cfg.checkpoint, cfg.job.dump_folder)
+        resume_doc: dict[str, Any] | None = None
+        if self.resume_from is not None:
+            resume_doc = read_loader_state(cfg.checkpoint, cfg.job.dump_folder, self.resume_from)
+            self.data.check_resumable(resume_doc)
+
+        self.mesh = init_device_mesh(self.device.type, (dp,), mesh_dim_names=("dp",))
+        self.model = self._build_model()
+        self.optimizer = build_optimizer(self.model, cfg.optimizer)
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, t.steps)
+        self.ckpt = CheckpointManager(
+            cfg.checkpoint, cfg.job.dump_folder, self.model, self.optimizer, self.lr_scheduler
+        )
+        self.step = 0
+        if self.resume_from is not None and resume_doc is not None:
+            self.step = self.ckpt.load(self.resume_from)
+            self.data.restore(resume_doc)
+            logger.info(
+                f"resumed from step {self.step} on {dp} data-parallel rank(s) "
+                f"({cfg.data.loader} loader)"
+            )
+        self.metrics = (
+            MetricsLogger.from_config(cfg.metrics, cfg.job.dump_folder) if self.rank == 0 else None
+        )
+
+    def _build_model(self) -> torch.nn.Module:
+        with torch.device("meta"):
+            model = Transformer(self.model_args)
+        logger.info(
+            f"model llama3/{self.cfg.model.flavor}: {count_parameters(model):,} parameters, "
+            f"attention {self.model_args.attention}"
+        )
+        training = self.cfg.training
+        if self.device.type == "cpu" and training.mixed_precision_param == "bfloat16":
+            logger.info("CPU run: computing in float32 (bfloat16 matmuls are slow on CPU)")
+            training = replace(training, mixed_precision_param="float32")
+        parallelize_model(model, self.mesh, training)
+        model.to_empty(device=self.device)
+        # Initialise from the seed on the CPU generator, full tensor by full tensor,
+        # so the weights are the same for every data-parallel size.
+        model.init_weights(torch.Generator(device="cpu").manual_seed(training.seed))
+        if training.log_init_digest:
+            h = hashlib.sha256()
+            for name, p in model.named_parameters():
+                h.update(name.encode())
+                h.update(_full(p.detach()).float().cpu().numpy().tobytes())
+            logger.info(f"initial weights sha256 {h.hexdigest()}")
+        return model
+
+    def _forward_backward(self, batch: Any, n_valid_global: int) -> torch.Tensor:
+        """Accumulate gradients over micro-batches; returns this rank's loss sum."""
+        micro = batch.micro_batches(self.cfg.training.local_batch_size)
+        loss_total = torch.zeros((), device=self.device)
+        # FSDP averages gradients over ranks; scaling by dp makes the result the
+        # gradient of (sum of token losses over the global batch) / valid tokens.
+        scale = self.dp / max(n_valid_global, 1)
+        for i, mb in enumerate(micro):
+            self.model.set_requires_gradient_sync(i == len(micro) - 1)
+            logits = self.model(mb.input_ids.to(self.device), mb.positions.to(self.device))
+            loss_sum, _ = cross_entropy_sum(logits, mb.labels.to(self.device))
+            (loss_sum * scale).backward()
+            loss_total += loss_sum.detach()
+        return loss_total
+
+    def train_step(self, batch: Any) -> tuple[float, float]:
+        counts = torch.tensor([batch.num_valid_tokens()], dtype=torch.float64, device=self.device)
+        dist.all_reduce(counts)
+        n_valid = int(counts.item())
+        loss_sum = self._forward_backward(batch, n_valid)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.cfg.training.max_norm, foreach=True
+        )
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        dist.all_reduce(loss_sum)
+        return float(loss_sum.item()) / max(n_valid, 1), float(_full(grad_norm).item())
+
+    def _all_have(self, batch: Any) -> bool:
+        flag = torch.tensor([0 if batch is None else 1], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    @torch.no_grad()
+    def validate(self) -> float:
+        """Loss over the validation recipe, the same batches for every rank count."""
+        cfg = self.cfg
+        val = TrainDataLoader(cfg, self.rank, self.dp, cfg.validation.recipe, for_validation=True)
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+        n = 0
+        try:
+            while cfg.validation.steps < 0 or n < cfg.validation.steps:
+                batch = val.next_batch()
+                if not self._all_have(batch):
+                    break
+                for mb in batch.micro_batches(cfg.training.local_batch_size):
+                    logits = self.model(mb.input_ids.to(self.device), mb.positions.to(self.device))
+                    loss_sum, n_valid = cross_entropy_sum(logits, mb.labels.to(self.device))
+                    totals[0] += loss_sum.double()
+                    totals[1] += n_valid.double()
+                n += 1
+        finally:
+            val.close()
+        dist.all_reduce(totals)
+        return float(totals[0] / totals[1].clamp(min=1))
+
+    def run(self) -> int:
+        cfg = self.cfg
+        steps = cfg.training.steps
+        tokens_per_step = cfg.training.global_batch_size * cfg.training.seq_len
+        logger.info(
+            f"training steps {self.step + 1}..{steps} on {self.dp} rank(s), device "
+            f"{self.device.type}/{self.info.backend}, global batch {cfg.training.global_batch_size}"
+            f" x {cfg.training.seq_len} tokens, micro-batch {cfg.training.local_batch_size}"
+        )
+        val_freq = cfg.validation.freq
+        while self.step < steps:
+            t0 = time.perf_counter()
+            batch = self.data.next_batch()
+            data_wait = time.perf_counter() - t0
+            if not self._all_have(batch):
+                logger.info(f"data exhausted after step {self.step}; stopping")
+                break
+            self.step += 1
+            digest = self.data.global_digest(batch) if cfg.data.log_batch_digests else None
+            loss, grad_norm = self.train_step(batch)
+            step_time = time.perf_counter() - t0
+            if self.metrics is not None and (
+                self.step % cfg.metrics.log_freq == 0 or self.step == steps
+            ):
+                self.metrics.log(
+                    StepMetrics(
+                        step=self.step,
+                        loss=loss,
+                        grad_norm=grad_norm,
+                        lr=self.lr_scheduler.get_last_lr()[0],
+                        tokens=tokens_per_step,
+                        step_time_s=step_time,
+                        data_wait_s=data_wait,
+                        memory_gib=peak_memory_gib(self.device),
+                        digest=digest,
+                    )
+                )
+            if cfg.validation.enable and val_freq > 0 and self.step % val_freq == 0:
+                self._log_validation()
+            if self.ckpt.should_save(self.step, steps):
+                self.ckpt.save(self.step, self.data.gather_state)
+        if cfg.validation.enable and (val_freq <= 0 or self.step % val_freq):
+            self._log_validation()
+        logger.info(f"training done at step {self.step}")
+        return 0
+
+    def _log_validation(self) -> None:
+        loss = self.validate()
+        if self.metrics is not None:
+            self.metrics.log_validation(self.step, loss)
+
+    def close(self) -> None:
+        self.data.close()
+        if self.metrics is not None:
+            self.metrics.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    rank = int(os.environ.get("RANK", "0"))
+    _setup_logging(rank)
+    try:
+        cfg = load_job_config(argv)
+    except ConfigError as exc:
+        if rank == 0:
+            print(f"error: {exc}", file=sys.stderr)
+        exit_process(2)
+    info = init_distributed()
+    code = 0
+    trainer: Trainer | None = None
+    try:
+        trainer = Trainer(cfg, info)
+        code = trainer.run()
+    except (ZephonError, ConfigError, CheckpointError) as exc:
+        # The user's input, not a bug: one clear message, no traceback.
+        if info.rank == 0:
+            print(f"error: {exc}", file=sys.stderr)
+        code = 2
+    except BaseException:
+        logger.exception("training failed")
+        code = 1
+    finally:
+        if trainer is not None:
+            trainer.close()
+    exit_process(code)
+    return code
+
+
+if __name__ == "__main__":
+    main()
