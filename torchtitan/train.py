@@ -97,7 +97,7 @@ class Trainer:
         self.mesh = init_device_mesh(self.device.type, (dp,), mesh_dim_names=("dp",))
         self.model = self._build_model()
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
-        self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, t.steps)
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, max(t.steps, 1))
         self.ckpt = CheckpointManager(
             cfg.checkpoint, cfg.job.dump_folder, self.model, self.optimizer, self.lr_scheduler
         )

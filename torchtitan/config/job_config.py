@@ -53,6 +53,7 @@ class Training:
     local_batch_size: int = 4
     """Rows per micro-batch on one rank; the rest is gradient accumulation."""
     steps: int = 50
+    """Optimizer steps; 0 builds and initialises the model (and validates) only."""
     seed: int = 0
     max_norm: float = 1.0
     """Gradient-norm clipping threshold."""
@@ -352,7 +353,7 @@ def _check_ranges(cfg: JobConfig, provenance: dict[tuple[str, str], str]) -> Non
         ("training", "seq_len", lambda v: v >= 1, "an integer >= 1"),
         ("training", "global_batch_size", lambda v: v >= 1, "an integer >= 1"),
         ("training", "local_batch_size", lambda v: v >= 1, "an integer >= 1"),
-        ("training", "steps", lambda v: v >= 1, "an integer >= 1"),
+        ("training", "steps", lambda v: v >= 0, "an integer >= 0 (0: initialise only)"),
         ("training", "max_norm", lambda v: v > 0, "a number > 0"),
         ("parallelism", "data_parallel_shard_degree", lambda v: v == -1 or v >= 1, "-1 or >= 1"),
         ("checkpoint", "interval", lambda v: v >= 1, "an integer >= 1"),
