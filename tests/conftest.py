@@ -104,3 +104,14 @@ def make_recipe(tmp_path: Path) -> RecipeFactory:
         return path
 
     return make
+
+
+@pytest.fixture(scope="session")
+def zephon_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The debug model trained on 4 processes for 6 steps, checkpoint at step 3."""
+    from train_helpers import ensure_sample_data, metrics, ok, torchrun
+
+    ensure_sample_data()
+    dump = tmp_path_factory.mktemp("ref4")
+    ok(torchrun(4, dump))
+    return dump, metrics(dump)

@@ -6,12 +6,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from train_helpers import copy_checkpoint, ensure_sample_data, metrics, ok, torchrun
+from train_helpers import STEPS, K, copy_checkpoint, ensure_sample_data, metrics, ok, torchrun
 
 pytestmark = pytest.mark.slow
 
-K = 3  # checkpoint step
-STEPS = 6
 # Across process counts the same data is reduced in a different order (gradient
 # reduce-scatter over D ranks, D-dependent micro-batch grouping of fp32 sums).
 # That perturbs the last bits of each update; after 3 Adam steps on this model
@@ -20,17 +18,9 @@ STEPS = 6
 LOSS_RTOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    ensure_sample_data()
-    dump = tmp_path_factory.mktemp("ref4")
-    ok(torchrun(4, dump))
-    return dump, metrics(dump)
-
-
 @pytest.mark.parametrize("nproc", [1, 2, 8])
-def test_resume_on_other_process_count_matches_reference(reference, tmp_path, nproc):
-    ref_dump, ref = reference
+def test_resume_on_other_process_count_matches_reference(zephon_reference, tmp_path, nproc):
+    ref_dump, ref = zephon_reference
     copy_checkpoint(ref_dump, K, tmp_path)
     proc = ok(torchrun(nproc, tmp_path))
     assert f"resumed from step {K} on {nproc} data-parallel rank(s)" in proc.stdout
@@ -41,11 +31,11 @@ def test_resume_on_other_process_count_matches_reference(reference, tmp_path, np
         assert got[step]["loss"] == pytest.approx(ref[step]["loss"], rel=LOSS_RTOL), step
 
 
-def test_resume_on_same_process_count_is_bitwise_identical(reference, tmp_path):
+def test_resume_on_same_process_count_is_bitwise_identical(zephon_reference, tmp_path):
     """Same process count, same threads: every reduction happens in the same
     order, so on CPU the losses are equal to the last bit (compared as the
     float64 values written to metrics.jsonl), not just close."""
-    ref_dump, ref = reference
+    ref_dump, ref = zephon_reference
     copy_checkpoint(ref_dump, K, tmp_path)
     ok(torchrun(4, tmp_path))
     got = metrics(tmp_path)

@@ -12,6 +12,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
 
+K = 3  # checkpoint step of the reference runs
+STEPS = 6
+
 # A short, small job on the bundled sample data; every test starts from these.
 BASE_ARGS = [
     "--job.config_file",

@@ -267,9 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(cfg, info)
         code = trainer.run()
     except (ZephonError, ConfigError, CheckpointError) as exc:
-        # The user's input, not a bug: one clear message, no traceback.
-        if info.rank == 0:
-            print(f"error: {exc}", file=sys.stderr)
+        # The user's input, not a bug: one clear message, no traceback. Every
+        # rank prints it: the first rank to exit makes torchrun stop the others.
+        print(f"error: {exc}", file=sys.stderr, flush=True)
         code = 2
     except BaseException:
         logger.exception("training failed")

@@ -1,0 +1,95 @@
+"""The trainer's startup validator, and the hf baseline's behaviour on resume."""
+
+from __future__ import annotations
+
+import pytest
+from train_helpers import copy_checkpoint, ensure_sample_data, metrics, ok, torchrun
+
+from torchtitan.config.job_config import load_job_config
+from torchtitan.datasets.dataloader import check_startup
+from zephon import LayoutError
+
+
+def _cfg(*overrides: str):
+    return load_job_config(
+        ["--job.config_file", "train_configs/llama3_debugmodel.toml", *overrides]
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "dp", "expected"),
+    [
+        ([], 3, ["lane count 8 is not divisible by the data-parallel size 3", "1, 2, 4, 8"]),
+        ([], 16, ["data-parallel size 16 exceeds the lane count 8"]),
+        (
+            ["--training.global_batch_size", "36"],
+            2,
+            ["global batch size 36", "lane count 8", "32 or 40"],
+        ),
+        (
+            ["--training.local_batch_size", "3"],
+            2,
+            ["local batch of 16 rows", "micro-batch size 3", "1, 2, 4, 8, 16"],
+        ),
+        (["--training.seq_len", "4096"], 2, ["training.seq_len 4096 exceeds", "2048"]),
+    ],
+)
+def test_startup_validator_names_the_numbers(overrides, dp, expected):
+    cfg = _cfg(*overrides)
+    with pytest.raises(LayoutError) as exc:
+        check_startup(cfg, dp, lanes=8, max_seq_len=2048)
+    for text in expected:
+        assert text in str(exc.value)
+
+
+def test_hf_layout_check():
+    cfg = _cfg("--data.loader", "hf", "--training.global_batch_size", "30")
+    with pytest.raises(LayoutError, match="must split into 4 ranks"):
+        check_startup(cfg, 4, lanes=None, max_seq_len=2048)
+
+
+@pytest.mark.slow
+def test_bad_layout_fails_before_training_with_one_message(tmp_path):
+    ensure_sample_data()
+    proc = torchrun(1, tmp_path, "--training.global_batch_size", "36")
+    assert proc.returncode != 0
+    assert "error: global batch size 36 is not divisible by the lane count 8" in proc.stderr
+    assert "Traceback" not in proc.stderr.split("error:")[1].split("\n")[0]
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.fixture(scope="module")
+def hf_reference(tmp_path_factory):
+    ensure_sample_data()
+    dump = tmp_path_factory.mktemp("hfref")
+    ok(torchrun(2, dump, "--data.loader", "hf"))
+    return dump, metrics(dump)
+
+
+@pytest.mark.slow
+def test_changed_fingerprint_is_refused_before_any_step(zephon_reference, tmp_path):
+    copy_checkpoint(zephon_reference[0], 3, tmp_path / "resume")
+    proc = torchrun(2, tmp_path / "resume", "--training.seq_len", "32")
+    assert proc.returncode != 0
+    assert "seq_len: checkpoint has 64, this run has 32" in proc.stderr
+    assert not (tmp_path / "resume" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_hf_loader_refuses_another_process_count_by_default(hf_reference, tmp_path):
+    ref_dump, _ = hf_reference
+    copy_checkpoint(ref_dump, 3, tmp_path)
+    proc = torchrun(4, tmp_path, "--data.loader", "hf")
+    assert proc.returncode != 0
+    assert "checkpoint written with 2 data-parallel ranks, this run has 4" in proc.stderr
+
+
+@pytest.mark.slow
+def test_hf_loader_skip_mode_trains_on_different_batches(hf_reference, tmp_path):
+    ref_dump, ref = hf_reference
+    copy_checkpoint(ref_dump, 3, tmp_path)
+    ok(torchrun(4, tmp_path, "--data.loader", "hf", "--data.hf_resume", "skip"))
+    got = metrics(tmp_path)
+    assert sorted(got) == [4, 5, 6]
+    for step in (4, 5, 6):
+        assert got[step]["digest"] != ref[step]["digest"]
