@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported on first use: the CLI starts faster without it
+    import torch
 
 IGNORE_INDEX = -100
 
@@ -53,6 +56,8 @@ def rows_to_batch(
     step: int, tokens: np.ndarray, positions: np.ndarray, digests: list[bytes]
 ) -> Batch:
     """Turn packed rows (seq_len + 1 tokens; position -1 marks padding) into a Batch."""
+    import torch
+
     tok = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))
     pos = torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64))
     labels = torch.where(pos[:, 1:] >= 0, tok[:, 1:], torch.full_like(tok[:, 1:], IGNORE_INDEX))

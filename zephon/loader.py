@@ -19,7 +19,7 @@ import numpy as np
 
 from zephon.batch import Batch, rows_to_batch
 from zephon.digest import rows_digest
-from zephon.errors import StateError
+from zephon.errors import LayoutError, StateError
 from zephon.lane import LaneStream, PipelineContext, run_inline
 from zephon.layout import check_layout, lanes_of_rank
 from zephon.recipe import Recipe, load_recipe
@@ -78,17 +78,20 @@ class ZephonLoader:
         self.prefetch = ex.prefetch if prefetch is None else prefetch
         cache = cache_dir or ex.cache_dir or None
         readers = [SourceReader(s, cache) for s in self.recipe.sources]
-        plans = [
-            SourcePlan(
-                s.name,
-                r.num_docs,
-                lanes,
-                self.recipe.shuffle.block_size,
-                self.recipe.seed,
-                self.recipe.shuffle.enabled,
-            )
-            for s, r in zip(self.recipe.sources, readers, strict=True)
-        ]
+        try:
+            plans = [
+                SourcePlan(
+                    s.name,
+                    r.num_docs,
+                    lanes,
+                    self.recipe.shuffle.block_size,
+                    self.recipe.seed,
+                    self.recipe.shuffle.enabled,
+                )
+                for s, r in zip(self.recipe.sources, readers, strict=True)
+            ]
+        except LayoutError as exc:
+            raise LayoutError(f"{self.recipe.path}: {exc}") from None
         self._pool = (
             ThreadPoolExecutor(self.num_workers, thread_name_prefix="zephon-worker")
             if self.num_workers > 0

@@ -130,14 +130,16 @@ class _JsonlFile:
                 mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm,
             ):
                 buf = np.frombuffer(mm, dtype=np.uint8)
-                newlines = np.flatnonzero(buf == 10).astype(np.int64)
-                starts = np.concatenate([[0], newlines + 1])
-                ends = np.concatenate([newlines, [size]])
+                try:
+                    newlines = np.flatnonzero(buf == 10).astype(np.int64)
+                    starts = np.concatenate([[0], newlines + 1])
+                    ends = np.concatenate([newlines, [size]])
+                    # Lines of only whitespace are blank too: check only the short ones and
+                    # those that start with whitespace (a JSON record starts with '{').
+                    first = buf[np.minimum(starts, size - 1)]
+                finally:
+                    del buf  # else an error here becomes "BufferError: cannot close mmap"
                 keep = ends > starts
-                # Lines of only whitespace are blank too: check only the short ones and
-                # those that start with whitespace (a JSON record starts with '{').
-                first = buf[np.minimum(starts, size - 1)]
-                del buf
                 maybe_blank = (ends - starts < 8) | np.isin(first, (9, 11, 12, 13, 32))
                 for i in np.flatnonzero(keep & maybe_blank):
                     if not mm[starts[i] : ends[i]].strip():

@@ -90,6 +90,8 @@ def load_file(path: str) -> dict[str, Any]:
             state = json.load(f)
     except FileNotFoundError:
         raise StateError(f"{path}: loader state file not found") from None
+    except OSError as exc:
+        raise StateError(f"{path}: cannot read the loader state: {exc.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise StateError(f"{path}: not valid JSON: {exc}") from None
     check_header(state, path)

@@ -79,14 +79,17 @@ def tokenize_block(
     if reader.spec.pretokenized:
         docs = []
         for k, ids in enumerate(values):
+            # Check before narrowing to int32, so a huge id cannot overflow first.
+            top = max(ids, default=0)
+            if top >= tok.vocab_size:
+                raise DataError(
+                    f"source '{reader.spec.name}' ({', '.join(reader.spec.paths)}) document "
+                    f"{start + int(order[k])}: token id {top} is outside the tokenizer's "
+                    f"vocabulary ({tok.vocab_size})"
+                )
             arr = np.empty(len(ids) + 1, dtype=np.int32)
             arr[:-1] = ids
             arr[-1] = tok.eos_id
-            if len(ids) and int(arr[:-1].max()) >= tok.vocab_size:
-                raise DataError(
-                    f"source '{reader.spec.name}' document {start + int(order[k])}: token id "
-                    f"{int(arr[:-1].max())} is outside the tokenizer's vocabulary ({tok.vocab_size})"
-                )
             docs.append(arr)
     else:
         encodings = tok.tokenizer.encode_batch(values, add_special_tokens=False)

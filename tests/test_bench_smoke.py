@@ -1,0 +1,27 @@
+"""Smoke test: benchmarks/bench_pipeline.py --quick runs and prints its ratio line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "bench_pipeline.py"
+
+
+@pytest.mark.skipif(
+    not (REPO / "data" / "sample" / "MANIFEST.json").is_file(),
+    reason="sample corpus not built (scripts/build_sample_data.py)",
+)
+def test_bench_pipeline_quick(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(SCRIPT), "--quick", "--cache-dir", str(tmp_path / "cache")]
+    proc = subprocess.run(
+        [*cmd, "--json", str(out)], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "RATIO pipeline/raw = " in proc.stdout
+    assert out.is_file()
