@@ -63,6 +63,7 @@ def test_jsonl_written_and_appended(tmp_path: Path) -> None:
         "grad_norm",
         "lr",
         "tokens_per_s",
+        "step_time_s",
         "data_wait_s",
         "digest",
     }

@@ -121,6 +121,7 @@ class MetricsLogger:
                 "grad_norm": _finite_or_none(m.grad_norm),
                 "lr": m.lr,
                 "tokens_per_s": m.tokens_per_s,
+                "step_time_s": m.step_time_s,
                 "data_wait_s": m.data_wait_s,
                 "digest": m.digest,
             }
