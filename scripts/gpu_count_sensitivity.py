@@ -1,0 +1,568 @@
+#!/usr/bin/env python
+"""Does the final model depend on how many processes trained it?
+
+Trains the Llama 3 debugmodel from scratch for one fixed token budget on each
+process count of ``--sizes`` (default 1, 2, 4, 8), once with each loader
+(Zephon and the conventional per-rank ``hf`` baseline), with every other
+setting equal (seed, global batch, steps, schedule), then evaluates each final
+model on the held-out validation recipe with the trainer's own end-of-run
+validation (its ``validation step N | loss X`` log line).
+
+The spread (max - min) of the validation loss over process counts is set
+against a measured noise floor: one configuration (Zephon, ``--noise-procs``
+processes) repeated with only the micro-batch size changed, which regroups the
+fp32 gradient sums but feeds exactly the same data. With Zephon the spread
+should sit at that floor; with hf, whose batches depend on the process count,
+it should not.
+
+The log line prints 4 decimals, below the noise floor; so each run also
+writes TensorBoard scalars and, when the ``validation/loss`` scalar can be
+read back (float32, ~5e-7 at these losses), that value is used instead after
+checking it agrees with the log line.
+
+Writes ``results.md``, ``val_loss.png`` and ``results.json`` into ``--out``.
+Exits 1 if a run fails, or if the Zephon runs did not all see the same global
+batches (digests), which is the invariant the comparison rests on.
+
+    .venv/bin/python scripts/gpu_count_sensitivity.py                 # defaults
+    .venv/bin/python scripts/gpu_count_sensitivity.py --token-budget 100000 --sizes 1,2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "train_configs" / "llama3_debugmodel.toml"
+LOADERS = ("zephon", "hf")
+VAL_LINE = re.compile(r"validation step\s+(\d+) \| loss\s+(\S+)")
+# The log line rounds to 4 decimals: a TensorBoard value must agree to that.
+LOG_RESOLUTION = 1e-4
+
+
+@dataclass
+class Result:
+    loader: str
+    nproc: int
+    local_batch: int
+    val_loss: float
+    """The value compared: TensorBoard's float32 when readable, else the log line."""
+    val_loss_log: float
+    val_loss_tb: float | None
+    val_step: int
+    final_train_loss: float | None
+    digests: list[str | None]
+    wall_s: float
+    dump: Path
+
+    @property
+    def key(self) -> str:
+        return f"{self.loader}-p{self.nproc}-mb{self.local_batch}"
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _loaders(text: str) -> list[str]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    if not names or any(n not in LOADERS for n in names):
+        raise argparse.ArgumentTypeError(f"loaders must be among {', '.join(LOADERS)}")
+    return names
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--out", type=Path, default=REPO / "outputs" / "gpu_count_sensitivity")
+    p.add_argument("--sizes", type=_ints, default=[1, 2, 4, 8], help="process counts")
+    p.add_argument("--loaders", type=_loaders, default=list(LOADERS), help="zephon,hf")
+    p.add_argument("--steps", type=int, default=24, help="optimizer steps (default 24)")
+    p.add_argument(
+        "--token-budget",
+        type=int,
+        default=None,
+        help="training tokens; sets --steps to budget // (global batch x seq len)",
+    )
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--global-batch", type=int, default=16, help="rows per step, all ranks")
+    p.add_argument("--local-batch", type=int, default=2, help="rows per micro-batch")
+    p.add_argument("--warmup-steps", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--noise-procs", type=int, default=2, help="process count of the noise runs")
+    p.add_argument(
+        "--noise-local-batches",
+        type=_ints,
+        default=[1, 4],
+        help="other micro-batch sizes to repeat the noise configuration with (default 1,4)",
+    )
+    p.add_argument(
+        "--val-steps", type=int, default=-1, help="validation batches (-1: the whole set)"
+    )
+    p.add_argument(
+        "--recipe", type=Path, default=REPO / "train_configs" / "data" / "sample_mix.toml"
+    )
+    p.add_argument(
+        "--val-recipe", type=Path, default=REPO / "train_configs" / "data" / "sample_val.toml"
+    )
+    p.add_argument("--timeout", type=int, default=900, help="seconds allowed per run")
+    args = p.parse_args(argv)
+    if args.token_budget is not None:
+        args.steps = args.token_budget // (args.global_batch * args.seq_len)
+    if args.steps < 1:
+        p.error("the token budget must cover at least one step")
+    args.noise_local_batches = [b for b in args.noise_local_batches if b != args.local_batch]
+    if not args.noise_local_batches:
+        p.error("--noise-local-batches needs a size other than --local-batch")
+    return args
+
+
+def check_layout(args: argparse.Namespace) -> None:
+    """Refuse combinations the trainer would refuse, before any run."""
+    lanes = []
+    for recipe in (args.recipe, args.val_recipe):
+        with open(recipe, "rb") as f:
+            lanes.append(int(tomllib.load(f)["recipe"]["lanes"]))
+    g = args.global_batch
+    combos = [(n, args.local_batch) for n in args.sizes]
+    combos += [(args.noise_procs, b) for b in [args.local_batch, *args.noise_local_batches]]
+    for n, mb in combos:
+        if any(lane % n for lane in lanes) or g % n or (g // n) % mb:
+            sys.exit(
+                f"error: {n} processes with micro-batch {mb} do not fit: need lanes {lanes} "
+                f"% n == 0, --global-batch ({g}) % n == 0 and (global batch / n) % micro-batch == 0"
+            )
+
+
+def ensure_sample_data() -> None:
+    if not (REPO / "data" / "sample" / "MANIFEST.json").is_file():
+        subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "build_sample_data.py")],
+            cwd=REPO,
+            check=True,
+        )
+
+
+def train_args(args: argparse.Namespace, loader: str, local_batch: int) -> list[str]:
+    return [
+        "--job.config_file",
+        str(CONFIG),
+        "--training.seq_len",
+        str(args.seq_len),
+        "--training.global_batch_size",
+        str(args.global_batch),
+        "--training.local_batch_size",
+        str(local_batch),
+        "--training.steps",
+        str(args.steps),
+        "--training.seed",
+        str(args.seed),
+        "--lr_scheduler.warmup_steps",
+        str(args.warmup_steps),
+        "--checkpoint.enable",
+        "false",
+        "--metrics.log_freq",
+        "1",
+        "--metrics.enable_tensorboard",
+        "true",
+        "--validation.enable",
+        "true",
+        "--validation.recipe",
+        str(args.val_recipe),
+        "--validation.freq",
+        "0",
+        "--validation.steps",
+        str(args.val_steps),
+        "--data.log_batch_digests",
+        "true",
+        "--data.loader",
+        loader,
+        "--data.recipe",
+        str(args.recipe),
+    ]
+
+
+def launch(nproc: int, dump: Path, cli: list[str], timeout: int) -> tuple[str, float]:
+    """Run the trainer on `nproc` CPU processes; returns (stdout, wall seconds)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        "torchtitan.train",
+        *cli,
+        "--job.dump_folder",
+        str(dump),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise RunFailed(f"{dump}: no result after {timeout}s") from exc
+    wall = time.perf_counter() - t0
+    (dump / "train.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
+        raise RunFailed(f"{dump}: trainer exited {proc.returncode}\n{tail}")
+    return proc.stdout, wall
+
+
+def read_tb_val_loss(tb_dir: Path) -> float | None:
+    """The last `validation/loss` scalar in the run's TensorBoard folder, if readable."""
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:
+        return None
+    if not tb_dir.is_dir():
+        return None
+    acc = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    if "validation/loss" not in acc.Tags().get("scalars", []):
+        return None
+    events = acc.Scalars("validation/loss")
+    return float(events[-1].value) if events else None
+
+
+def run_one(
+    args: argparse.Namespace, loader: str, nproc: int, local_batch: int, runs_dir: Path
+) -> Result:
+    dump = runs_dir / f"{loader}-p{nproc}-mb{local_batch}"
+    if dump.exists():
+        shutil.rmtree(dump)
+    dump.mkdir(parents=True)
+    print(
+        f"[{loader}] {nproc} processes, micro-batch {local_batch}, {args.steps} steps", flush=True
+    )
+    stdout, wall = launch(nproc, dump, train_args(args, loader, local_batch), args.timeout)
+    found = VAL_LINE.findall(stdout)
+    if not found:
+        raise RunFailed(f"{dump}: no 'validation step N | loss X' line in the log")
+    val_step, val_text = int(found[-1][0]), found[-1][1]
+    val_log = float(val_text)
+    val_tb = read_tb_val_loss(dump / "tb")
+    if val_tb is not None and abs(val_tb - val_log) > LOG_RESOLUTION:
+        print(f"  TensorBoard value {val_tb} disagrees with the log line {val_log}; using the log")
+        val_tb = None
+    records: dict[int, dict[str, Any]] = {}
+    with open(dump / "metrics.jsonl") as f:
+        for line in f:
+            rec = json.loads(line)
+            records[int(rec["step"])] = rec
+    digests = [records.get(s, {}).get("digest") for s in range(1, args.steps + 1)]
+    final = records.get(args.steps, {}).get("loss")
+    val = val_tb if val_tb is not None else val_log
+    print(f"  validation loss {val:.7f} (log line {val_text}) in {wall:.0f}s", flush=True)
+    return Result(
+        loader, nproc, local_batch, val, val_log, val_tb, val_step, final, digests, wall, dump
+    )
+
+
+def float32_step(values: list[float]) -> float:
+    """The spacing of float32 numbers at the largest of `values` (TensorBoard's precision)."""
+    import numpy as np
+
+    return float(np.spacing(np.float32(max(abs(v) for v in values))))
+
+
+def spread(values: list[float]) -> float:
+    return max(values) - min(values) if values else float("nan")
+
+
+def settings_line(args: argparse.Namespace) -> str:
+    tokens = args.steps * args.global_batch * args.seq_len
+    return (
+        f"Llama 3 debugmodel from scratch, CPU/gloo, {args.steps} steps x global batch "
+        f"{args.global_batch} x seq {args.seq_len} = {tokens:,} tokens, micro-batch "
+        f"{args.local_batch}, seed {args.seed}, recipe {args.recipe.name}; validation on "
+        f"{args.val_recipe.name}"
+    )
+
+
+def _fmt(x: float | None, digits: int = 6) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _vs_floor(a: float, floor: float) -> str:
+    if floor > 0:
+        r = a / floor
+        return f"{r:,.1f}x the noise floor" if r < 100 else f"{r:,.0f}x the noise floor"
+    return "equal to the noise floor (0)" if a == 0 else "above the noise floor (0)"
+
+
+def markdown(
+    args: argparse.Namespace,
+    main_runs: dict[str, dict[int, Result]],
+    noise_runs: list[Result],
+    noise_floor: float,
+    precise: bool,
+) -> str:
+    sizes = args.sizes
+    head = ["loader", *[f"{n} proc" for n in sizes], "spread (max - min)", "vs. noise floor"]
+    head.append("distinct batch sequences")
+    lines = [
+        "# Validation loss vs. process count",
+        "",
+        settings_line(args) + ".",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" for _ in head) + "|",
+    ]
+    for loader, runs in main_runs.items():
+        vals = [runs[n].val_loss for n in sizes]
+        s = spread(vals)
+        distinct = len({tuple(runs[n].digests) for n in sizes})
+        cells = [loader, *[_fmt(v) for v in vals], f"{s:.2e}", _vs_floor(s, noise_floor)]
+        cells.append(f"{distinct} of {len(sizes)}")
+        lines.append("| " + " | ".join(cells) + " |")
+    noise_desc = ", ".join(
+        f"micro-batch {r.local_batch}: {_fmt(r.val_loss, 7)}" for r in noise_runs
+    )
+    lines += [
+        "",
+        f"**Noise floor: {noise_floor:.2e}** = spread of the validation loss over one "
+        f"configuration (Zephon, {args.noise_procs} processes) repeated with only the "
+        f"micro-batch size changed, i.e. the same data with the fp32 sums regrouped "
+        f"({noise_desc}).",
+        "",
+    ]
+    if "zephon" in main_runs and "hf" in main_runs:
+        z = spread([main_runs["zephon"][n].val_loss for n in sizes])
+        h = spread([main_runs["hf"][n].val_loss for n in sizes])
+        lines.append(
+            f"Zephon: spread {z:.2e}, {_vs_floor(z, noise_floor)}; it feeds the same global "
+            f"batches at every process count. hf: spread {h:.2e}, {_vs_floor(h, noise_floor)}; "
+            "its batches, and so the trained model, depend on the process count."
+        )
+        lines.append("")
+    if precise:
+        step = float32_step([r.val_loss for runs in main_runs.values() for r in runs.values()])
+        lines.append(
+            f"Resolution: the values are float32; one float32 step at these losses is "
+            f"{step:.2e}, so spreads of a few steps are at the limit of what this can resolve."
+        )
+        lines.append("")
+    lines.append(
+        "Values are the trainer's end-of-run validation loss; "
+        + (
+            "read from its TensorBoard scalar (float32, checked against the 4-decimal log line)."
+            if precise
+            else "parsed from its log line (4 decimals: differences below 1e-4 are not resolved)."
+        )
+    )
+    lines.append("Produced by `scripts/gpu_count_sensitivity.py`; raw values in `results.json`.")
+    return "\n".join(lines) + "\n"
+
+
+def plot(
+    args: argparse.Namespace,
+    main_runs: dict[str, dict[int, Result]],
+    noise_floor: float,
+    path: Path,
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    loaders, sizes = list(main_runs), args.sizes
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12.5, 5.2), gridspec_kw={"width_ratios": [2.2, 1]})
+    width = 0.8 / len(sizes)
+    colors = plt.get_cmap("viridis")([i / max(len(sizes) - 1, 1) * 0.85 for i in range(len(sizes))])
+    all_vals = [main_runs[ld][n].val_loss for ld in loaders for n in sizes]
+    for j, n in enumerate(sizes):
+        xs = [i + (j - (len(sizes) - 1) / 2) * width for i in range(len(loaders))]
+        vals = [main_runs[ld][n].val_loss for ld in loaders]
+        bars = ax.bar(xs, vals, width * 0.92, color=colors[j], label=f"{n}")
+        for b, v in zip(bars, vals, strict=True):
+            ax.text(
+                b.get_x() + b.get_width() / 2,
+                v,
+                f"{v:.4f}",
+                ha="center",
+                va="bottom",
+                fontsize=7.5,
+                rotation=90,
+            )
+    lo, hi = min(all_vals), max(all_vals)
+    pad = max(hi - lo, 1e-3)
+    ax.set_ylim(lo - 0.6 * pad, hi + 0.9 * pad)
+    ax.set_xticks(range(len(loaders)))
+    ax.set_xticklabels([f"{ld} loader" for ld in loaders])
+    ax.set_ylabel("final validation loss (held-out set)")
+    ax.set_xlabel("loader (bars: process count that trained the model)")
+    ax.legend(title="processes", fontsize=8, loc="upper left")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title("validation loss by process count (y axis zoomed)", fontsize=10)
+
+    # Spreads on a log scale, next to the noise floor; zeros drawn at the float32 step.
+    floor_draw = 1e-7
+    names = [f"{ld}\nspread" for ld in loaders] + ["noise\nfloor"]
+    vals = [spread([main_runs[ld][n].val_loss for n in sizes]) for ld in loaders] + [noise_floor]
+    bar_colors = ["tab:blue" if ld == "zephon" else "tab:orange" for ld in loaders] + ["0.5"]
+    bars = ax2.bar(names, [max(v, floor_draw) for v in vals], color=bar_colors)
+    for b, v in zip(bars, vals, strict=True):
+        ax2.text(
+            b.get_x() + b.get_width() / 2,
+            max(v, floor_draw),
+            f"{v:.1e}" if v > 0 else "0 (drawn at 1e-7)",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
+    ax2.axhline(max(noise_floor, floor_draw), color="0.4", ls="--", lw=1, label="noise floor")
+    all_vals = [r.val_loss for runs in main_runs.values() for r in runs.values()]
+    ax2.axhline(
+        float32_step(all_vals), color="crimson", ls=":", lw=1, label="float32 step (resolution)"
+    )
+    ax2.legend(fontsize=7.5, loc="upper right")
+    ax2.set_yscale("log")
+    ax2.set_ylim(floor_draw / 2, max(max(vals), floor_draw) * 20)
+    ax2.set_ylabel("max - min of validation loss over process counts")
+    ax2.set_xlabel(f"noise floor: Zephon, {args.noise_procs} proc., other micro-batch size")
+    ax2.set_title("spread vs. reduction-order noise (log)", fontsize=10)
+    ax2.grid(axis="y", alpha=0.3)
+
+    sizes_txt = ", ".join(str(n) for n in sizes)
+    tokens = args.steps * args.global_batch * args.seq_len
+    fig.suptitle(
+        f"Final validation loss vs. process count ({sizes_txt}): Llama 3 debugmodel from "
+        f"scratch, {tokens:,} tokens\n({args.steps} steps x global batch {args.global_batch} x "
+        f"seq {args.seq_len}, micro-batch {args.local_batch}, seed {args.seed}, same settings "
+        "for every run; CPU/gloo)",
+        fontsize=10.5,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.recipe, args.val_recipe = args.recipe.resolve(), args.val_recipe.resolve()
+    args.out = args.out.resolve()
+    check_layout(args)
+    ensure_sample_data()
+    runs_dir = args.out / "runs"
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    main_runs: dict[str, dict[int, Result]] = {}
+    noise_runs: list[Result] = []
+    try:
+        for loader in args.loaders:
+            main_runs[loader] = {
+                n: run_one(args, loader, n, args.local_batch, runs_dir) for n in args.sizes
+            }
+        base = main_runs.get("zephon", {}).get(args.noise_procs)
+        if base is None:
+            base = run_one(args, "zephon", args.noise_procs, args.local_batch, runs_dir)
+        noise_runs = [base] + [
+            run_one(args, "zephon", args.noise_procs, b, runs_dir) for b in args.noise_local_batches
+        ]
+    except RunFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    wall = time.perf_counter() - t0
+
+    noise_floor = spread([r.val_loss for r in noise_runs])
+    every = [r for runs in main_runs.values() for r in runs.values()]
+    every += [r for r in noise_runs if all(r is not x for x in every)]
+    noise_ids = {id(r) for r in noise_runs[1:]}
+    precise = all(r.val_loss_tb is not None for r in every)
+    if not precise:  # compare like with like: fall back to the log lines everywhere
+        for r in every:
+            r.val_loss = r.val_loss_log
+        noise_floor = spread([r.val_loss for r in noise_runs])
+    zephon_seqs = {tuple(r.digests) for r in [*main_runs.get("zephon", {}).values(), *noise_runs]}
+    zephon_same = len(zephon_seqs) == 1 and None not in next(iter(zephon_seqs))
+
+    md = markdown(args, main_runs, noise_runs, noise_floor, precise)
+    (args.out / "results.md").write_text(md)
+    plot(args, main_runs, noise_floor, args.out / "val_loss.png")
+    results = {
+        "settings": settings_line(args),
+        "config": {
+            "model": "llama3/debugmodel",
+            "sizes": args.sizes,
+            "loaders": args.loaders,
+            "steps": args.steps,
+            "tokens": args.steps * args.global_batch * args.seq_len,
+            "seq_len": args.seq_len,
+            "global_batch": args.global_batch,
+            "local_batch": args.local_batch,
+            "warmup_steps": args.warmup_steps,
+            "seed": args.seed,
+            "recipe": str(args.recipe),
+            "val_recipe": str(args.val_recipe),
+            "val_steps": args.val_steps,
+            "noise_procs": args.noise_procs,
+            "noise_local_batches": args.noise_local_batches,
+        },
+        "value_source": "tensorboard_float32" if precise else "log_line",
+        "spread": {
+            ld: spread([runs[n].val_loss for n in args.sizes]) for ld, runs in main_runs.items()
+        },
+        "noise_floor": noise_floor,
+        "zephon_same_batches_at_every_size": zephon_same,
+        "runs": [
+            {
+                "loader": r.loader,
+                "nproc": r.nproc,
+                "local_batch": r.local_batch,
+                "role": "noise" if id(r) in noise_ids else "main",
+                "val_loss": r.val_loss,
+                "val_loss_log_line": r.val_loss_log,
+                "val_loss_tensorboard": r.val_loss_tb,
+                "val_step": r.val_step,
+                "final_train_loss": r.final_train_loss,
+                "digests": r.digests,
+                "wall_s": round(r.wall_s, 1),
+                "dump": str(r.dump),
+            }
+            for r in every
+        ],
+        "wall_s": round(wall, 1),
+    }
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    print()
+    print(md)
+    print(f"wrote {args.out / 'results.md'}, val_loss.png, results.json ({wall:.0f}s of runs)")
+    if "zephon" in main_runs and not zephon_same:
+        print("FAIL: the Zephon runs did not all see the same global batches", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
