@@ -15,6 +15,7 @@ from zephon.sources import SourceReader
 
 def _drain_lanes(loader: ZephonLoader) -> list[tuple[np.ndarray, np.ndarray]]:
     rows = []
+    loader.start()
     for lane in loader.lanes:
         while (row := lane.next_row()) is not None:
             rows.append(row)
@@ -98,6 +99,7 @@ def test_state_size_does_not_grow_and_replay_is_bounded(make_recipe, tokenizer_p
         resumed = make_ranks(recipe, tokenizer_path, 4, num_workers=0, prefetch=0)
         for loader in resumed:
             loader.load_state_dict(state)
+            loader.next_batch()  # replay happens on the way to the first batch
         replay[step] = {
             k: sum(loader.stats()["replay"][k] for loader in resumed)
             for k in ("rows", "docs_packed", "docs_tokenized")
@@ -115,3 +117,19 @@ def test_state_size_does_not_grow_and_replay_is_bounded(make_recipe, tokenizer_p
         assert replay[step]["docs_packed"] <= bound
         # tokenized documents: the packed ones plus at most one block per source being read
         assert replay[step]["docs_tokenized"] <= replay[step]["docs_packed"] + lanes * 2 * 16
+
+
+def test_checkpoint_on_a_flush_boundary_replays_nothing(make_recipe, tokenizer_path):
+    # 8-row flush interval at 2 rows per lane per step: step 4 ends on a flush point.
+    recipe = make_recipe(flush_interval=8, algorithm="concat")
+    reference = step_digests(make_ranks(recipe, tokenizer_path, 1), 6)
+    loaders = make_ranks(recipe, tokenizer_path, 2, num_workers=2, prefetch=2)
+    step_digests(loaders, 4)
+    state = save(loaders)
+    close(loaders)
+    assert {lane["rows_since_flush"] for lane in state["lanes"].values()} == {0}
+    resumed = make_ranks(recipe, tokenizer_path, 4)
+    for loader in resumed:
+        loader.load_state_dict(state)
+    assert step_digests(resumed, 2) == reference[4:]
+    assert sum(loader.stats()["replay"]["rows"] for loader in resumed) == 0

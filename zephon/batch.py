@@ -58,13 +58,16 @@ def rows_to_batch(
     """Turn packed rows (seq_len + 1 tokens; position -1 marks padding) into a Batch."""
     import torch
 
-    tok = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))
-    pos = torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64))
-    labels = torch.where(pos[:, 1:] >= 0, tok[:, 1:], torch.full_like(tok[:, 1:], IGNORE_INDEX))
+    # numpy first, one conversion per tensor: cheap in the prefetch thread and
+    # independent of torch's intra-op thread pool.
+    next_tokens, next_pos = tokens[:, 1:], positions[:, 1:]
+    labels = np.where(next_pos >= 0, next_tokens, IGNORE_INDEX).astype(np.int64)
+    inputs = tokens[:, :-1].astype(np.int64)
+    pos = np.maximum(positions[:, :-1], 0).astype(np.int64)
     return Batch(
         step=step,
-        input_ids=tok[:, :-1].contiguous(),
-        labels=labels.contiguous(),
-        positions=pos[:, :-1].clamp(min=0).contiguous(),
+        input_ids=torch.from_numpy(inputs),
+        labels=torch.from_numpy(labels),
+        positions=torch.from_numpy(pos),
         digests=digests,
     )

@@ -81,7 +81,9 @@ class SourceCursor:
             if not self.retired:
                 j, off = self.plan.locate(self.epoch, lane, self.pos)
                 self._next = (self.epoch, j, off)
-                self._schedule()
+                # One block now; deeper lookahead once this lane starts reading, so
+                # every lane's first block is queued before anyone's second.
+                self._schedule(depth=1)
 
     def _normalise(self) -> None:
         """At the end of an epoch, move to the next one (repeat) or retire (stop)."""
@@ -91,8 +93,9 @@ class SourceCursor:
             else:
                 self.retired = True
 
-    def _schedule(self) -> None:
-        while self._next is not None and len(self.queue) < self.ctx.block_prefetch:
+    def _schedule(self, depth: int | None = None) -> None:
+        depth = depth or self.ctx.block_prefetch
+        while self._next is not None and len(self.queue) < depth:
             epoch, j, skip = self._next
             blocks, _ = self.plan.lane_blocks(epoch, self.lane)
             fut = self.ctx.submit(
@@ -126,6 +129,17 @@ class SourceCursor:
         return self.epoch, self.pos, self.retired
 
 
+def initial_snapshot(recipe: Recipe) -> dict[str, Any]:
+    """The flush point every lane starts from: nothing taken from any source."""
+    names = [s.name for s in recipe.sources]
+    return {
+        "row": 0,
+        "mix": [0] * len(names),
+        "sources": {n: {"epoch": 0, "pos": 0, "retired": False} for n in names},
+        "skip_tokens": 0,
+    }
+
+
 class LaneStream:
     """Rows of one lane, produced on demand; records its flush points."""
 
@@ -133,18 +147,12 @@ class LaneStream:
         self,
         ctx: PipelineContext,
         lane: int,
-        snapshot: dict[str, Any] | None = None,
+        snapshot: dict[str, Any],
         trace: list[tuple[int, int]] | None = None,
     ):
         self.ctx, self.lane, self.trace = ctx, lane, trace
         recipe = ctx.recipe
         names = [s.name for s in recipe.sources]
-        snapshot = snapshot or {
-            "row": 0,
-            "mix": [0] * len(names),
-            "sources": {n: {"epoch": 0, "pos": 0, "retired": False} for n in names},
-            "skip_tokens": 0,
-        }
         self.rows_emitted = int(snapshot["row"])
         self.mixer = Mixer([s.weight for s in recipe.sources], recipe.mixture.unit, snapshot["mix"])
         self.cursors = [
@@ -161,14 +169,14 @@ class LaneStream:
         packing = recipe.packing
         if packing.algorithm == "concat":
             self.packer: ConcatPacker | BestFitPacker = ConcatPacker(
-                ctx.row_len, packing.flush_interval, self.rows_emitted, int(snapshot["skip_tokens"])
+                ctx.row_len, packing.flush_interval, int(snapshot["skip_tokens"])
             )
         else:
             self.packer = BestFitPacker(
                 ctx.row_len, packing.open_bins, packing.flush_interval, self.rows_emitted
             )
         self.out: deque[tuple[np.ndarray, np.ndarray]] = deque()
-        self.flushes: list[dict[str, Any]] = [dict(snapshot)]
+        self.flushes: list[dict[str, Any]] = []  # after the starting one, which the loader holds
         self.docs_packed = 0
         self.ended = False
         self._arange = np.arange(ctx.row_len, dtype=np.int32)
@@ -229,6 +237,14 @@ class LaneStream:
             if not self.packer.fill(self):
                 self.ended = True
         return self.out.popleft() if self.out else None
+
+    def cancel(self) -> None:
+        """Drop blocks still queued for workers (the lane is being replaced)."""
+        for cursor in self.cursors:
+            for *_, fut in cursor.queue:
+                if hasattr(fut, "cancel"):
+                    fut.cancel()
+            cursor.queue.clear()
 
     def take_flushes(self) -> list[dict[str, Any]]:
         out, self.flushes = self.flushes, []

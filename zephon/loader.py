@@ -20,7 +20,7 @@ import numpy as np
 from zephon.batch import Batch, rows_to_batch
 from zephon.digest import rows_digest
 from zephon.errors import LayoutError, StateError
-from zephon.lane import LaneStream, PipelineContext, run_inline
+from zephon.lane import LaneStream, PipelineContext, initial_snapshot, run_inline
 from zephon.layout import check_layout, lanes_of_rank
 from zephon.recipe import Recipe, load_recipe
 from zephon.shuffle import SourcePlan
@@ -120,25 +120,55 @@ class ZephonLoader:
         self.traces: dict[int, list[tuple[int, int]]] | None = (
             {lane: [] for lane in self.lane_ids} if trace else None
         )
-        self.replay = {"rows": 0, "docs_packed": 0, "docs_tokenized": 0}
         self._thread: threading.Thread | None = None
-        self._start({lane: None for lane in self.lane_ids}, step=0)
-        self._launch()
+        self.lanes: list[LaneStream] = []
+        start = initial_snapshot(self.recipe)
+        self._plan_start({lane: (start, 0) for lane in self.lane_ids}, step=0)
 
     # -- production -------------------------------------------------------
 
-    def _start(self, snapshots: dict[int, dict[str, Any] | None], step: int) -> None:
-        self.lanes = [
-            LaneStream(self.ctx, lane, snapshots[lane], self.traces[lane] if self.traces else None)
-            for lane in self.lane_ids
-        ]
-        self.step = step
-        # Each lane's starting flush point is known before anything is produced.
+    def _plan_start(self, points: dict[int, tuple[dict[str, Any], int]], step: int) -> None:
+        """Set where each lane starts: (flush point, rows to replay after it).
+
+        Nothing runs until the first batch is asked for, so a loader that is
+        built and then restored from a checkpoint does no wasted work.
+        """
+        self._start_points, self.step = points, step
+        self._started, self._ended = False, False
         self._flush_log: dict[int, list[dict[str, Any]]] = {
-            lane.lane: lane.take_flushes() for lane in self.lanes
+            lane: [flush] for lane, (flush, _) in points.items()
         }
-        self._produced_step = step
-        self._ended = False
+        self.replay = {"rows": 0, "docs_packed": 0, "docs_tokenized": 0}
+
+    def start(self) -> None:
+        """Build the lanes, replay to the consumed row and begin prefetching.
+
+        Happens on the first `next_batch`; call it to start work earlier.
+        """
+        if self._started:
+            return
+        self._started = True
+        # Building every lane first queues every lane's first block on the
+        # workers before any lane waits on its own.
+        self.lanes = [
+            LaneStream(self.ctx, lane, flush, self.traces[lane] if self.traces else None)
+            for lane, (flush, _) in self._start_points.items()
+        ]
+        consumed = self.step * self.rows_per_lane
+        for lane in self.lanes:
+            skip = self._start_points[lane.lane][1]
+            for _ in range(skip):  # replay: rebuild and drop rows already consumed
+                if lane.next_row() is None:
+                    raise StateError(
+                        f"lane {lane.lane}: data ended while replaying to row {consumed}"
+                    )
+            self.replay["rows"] += skip
+            self.replay["docs_packed"] += lane.docs_packed
+            self.replay["docs_tokenized"] += lane.docs_tokenized
+            self._flush_log[lane.lane].extend(lane.take_flushes())
+            self._prune(lane.lane)
+        self._produced_step = self.step
+        self._launch()
 
     def _launch(self) -> None:
         """Start producing ahead of the trainer (prefetch > 0) from the current lanes."""
@@ -201,6 +231,7 @@ class ZephonLoader:
         """This rank's rows for the next step; StopIteration once a lane runs dry."""
         if self._ended:
             raise StopIteration
+        self.start()
         item = self._queue.get() if self._thread is not None else self._produce()
         if item is _END or item is None:
             self._ended = True
@@ -255,8 +286,7 @@ class ZephonLoader:
         if missing:
             raise StateError(f"loader state has no entry for lane(s) {missing} of this rank")
         step = int(state["step"])
-        self._stop_thread()
-        snapshots = {}
+        points = {}
         for lane in self.lane_ids:
             entry = state["lanes"][str(lane)]
             flush = entry["flush"]
@@ -265,24 +295,18 @@ class ZephonLoader:
                     f"lane {lane}: flush row {flush['row']} + {entry['rows_since_flush']} rows "
                     f"does not match step {step} x {self.rows_per_lane} rows"
                 )
-            snapshots[lane] = flush
+            points[lane] = (flush, int(entry["rows_since_flush"]))
+        self._discard_lanes()
         if self.traces is not None:
             self.traces = {lane: [] for lane in self.lane_ids}
-        # Rebuild every lane at its flush point and replay to the consumed row,
-        # before the prefetch thread starts.
-        self._start(snapshots, step)
-        self.replay = {"rows": 0, "docs_packed": 0, "docs_tokenized": 0}
+        self._plan_start(points, step)
+
+    def _discard_lanes(self) -> None:
+        """Stop producing and drop queued work of the current lanes."""
+        self._stop_thread()
         for lane in self.lanes:
-            skip = state["lanes"][str(lane.lane)]["rows_since_flush"]
-            for _ in range(skip):
-                if lane.next_row() is None:
-                    raise StateError(f"lane {lane.lane}: data ended while replaying to step {step}")
-            self.replay["rows"] += skip
-            self.replay["docs_packed"] += lane.docs_packed
-            self.replay["docs_tokenized"] += lane.docs_tokenized
-            self._flush_log[lane.lane].extend(lane.take_flushes())
-            self._prune(lane.lane)
-        self._launch()
+            lane.cancel()
+        self.lanes = []
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -293,7 +317,7 @@ class ZephonLoader:
         }
 
     def close(self) -> None:
-        self._stop_thread()
+        self._discard_lanes()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None

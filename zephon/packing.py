@@ -31,9 +31,8 @@ class ConcatPacker:
     its tokens were already emitted; replay re-picks that document and skips them.
     """
 
-    def __init__(self, row_len: int, flush_interval: int, start_row: int = 0, skip_tokens: int = 0):
+    def __init__(self, row_len: int, flush_interval: int, skip_tokens: int = 0):
         self.row_len, self.flush_interval = row_len, flush_interval
-        self.last_flush = start_row  # the lane records its starting flush point itself
         self.cur: np.ndarray | None = None
         self.off = 0
         self.cur_pre: tuple = ()
@@ -41,13 +40,6 @@ class ConcatPacker:
 
     def fill(self, lane: PackerLane) -> bool:
         """Emit one row; False once the lane's sources are exhausted."""
-        row = lane.rows_emitted
-        if row % self.flush_interval == 0 and row != self.last_flush:
-            self.last_flush = row
-            if self.cur is not None and self.off < len(self.cur):
-                lane.flush_point(self.cur_pre, self.off)
-            else:
-                lane.flush_point(lane.snapshot(), 0)
         pieces: list[np.ndarray] = []
         need = self.row_len
         while need:
@@ -67,6 +59,13 @@ class ConcatPacker:
         if not pieces:
             return False
         lane.emit(pieces)
+        # Record the flush point as soon as its row is out, so a checkpoint
+        # taken right at the boundary replays nothing.
+        if lane.rows_emitted % self.flush_interval == 0:
+            if self.cur is not None and self.off < len(self.cur):
+                lane.flush_point(self.cur_pre, self.off)
+            else:
+                lane.flush_point(lane.snapshot(), 0)
         return True
 
 
@@ -92,10 +91,6 @@ class BestFitPacker:
 
     def fill(self, lane: PackerLane) -> bool:
         """Place one document (possibly emitting rows); False at the end of the data."""
-        if lane.rows_emitted - self.rows_at_flush >= self.flush_interval:
-            self._flush(lane)
-            self.rows_at_flush = lane.rows_emitted
-            lane.flush_point(lane.snapshot(), 0)
         doc = lane.pick()
         if doc is None:
             self._flush(lane)
@@ -120,4 +115,8 @@ class BestFitPacker:
             self.free[best] -= n
             if self.free[best] == 0:
                 self._close(lane, best)
+        if lane.rows_emitted - self.rows_at_flush >= self.flush_interval:
+            self._flush(lane)
+            self.rows_at_flush = lane.rows_emitted
+            lane.flush_point(lane.snapshot(), 0)
         return True
