@@ -10,31 +10,24 @@ run's metrics.jsonl.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from torchtitan.launch import REPO, read_metrics, torchrun_train
 
 
 def run(nproc: int, steps: int, dump: Path, extra: list[str]) -> list[dict]:
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-        "--nproc-per-node", str(nproc), "-m", "torchtitan.train",
+    args = [
         "--job.config_file", str(REPO / "train_configs" / "llama3_debugmodel.toml"),
-        "--job.dump_folder", str(dump), "--training.steps", str(steps),
-        "--checkpoint.enable", "false", *extra,
+        "--training.steps", str(steps), "--checkpoint.enable", "false", *extra,
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    proc = torchrun_train(nproc, dump, args)
     if proc.returncode:
         sys.exit(f"{nproc} processes failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    with open(dump / "metrics.jsonl") as f:
-        return [json.loads(line) for line in f]
+    recs = read_metrics(dump)
+    return [recs[s] for s in sorted(recs)]
 
 
 def main() -> None:

@@ -89,3 +89,13 @@ def test_tensorboard_only_when_enabled(tmp_path: Path) -> None:
     with MetricsLogger.from_config(cfg, str(tmp_path)) as ml:
         ml.log(sample(memory_gib=2.0))
     assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb").iterdir())
+
+
+def test_validation_loss_is_written_at_full_precision(tmp_path):
+    from torchtitan.launch import read_validation
+
+    logger = MetricsLogger(val_jsonl_path=str(tmp_path / "validation.jsonl"))
+    line = logger.log_validation(12, 7.204070567)
+    logger.close()
+    assert "7.2041" in line
+    assert read_validation(tmp_path) == {12: 7.204070567}

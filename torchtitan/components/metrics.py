@@ -78,7 +78,12 @@ class MetricsLogger:
     flushed every line, so it is complete up to a crash.
     """
 
-    def __init__(self, tb_folder: str | None = None, jsonl_path: str | None = None) -> None:
+    def __init__(
+        self,
+        tb_folder: str | None = None,
+        jsonl_path: str | None = None,
+        val_jsonl_path: str | None = None,
+    ) -> None:
         self._tb: Any = None
         if tb_folder:
             # Imported lazily: tensorboard is an optional dependency.
@@ -89,13 +94,15 @@ class MetricsLogger:
         if jsonl_path:
             os.makedirs(os.path.dirname(jsonl_path) or ".", exist_ok=True)
             self._jsonl = open(jsonl_path, "a", encoding="utf-8")
+        self._val_jsonl_path = val_jsonl_path
 
     @classmethod
     def from_config(cls, cfg: MetricsConfig, dump_folder: str) -> MetricsLogger:
         """TensorBoard and JSONL paths are taken relative to ``dump_folder``."""
         tb = os.path.join(dump_folder, cfg.save_tb_folder) if cfg.enable_tensorboard else None
         jsonl = os.path.join(dump_folder, cfg.jsonl_file) if cfg.jsonl_file else None
-        return cls(tb_folder=tb, jsonl_path=jsonl)
+        val = os.path.join(dump_folder, "validation.jsonl") if cfg.jsonl_file else None
+        return cls(tb_folder=tb, jsonl_path=jsonl, val_jsonl_path=val)
 
     def log(self, m: StepMetrics) -> str:
         """Record one step; returns the log line."""
@@ -130,12 +137,16 @@ class MetricsLogger:
         return line
 
     def log_validation(self, step: int, loss: float) -> str:
-        """Record a validation loss (log line and TensorBoard; not the JSONL file,
-        whose rows are all training steps)."""
+        """Record a validation loss: log line, TensorBoard, and `validation.jsonl`
+        beside the training JSONL (whose rows are all training steps)."""
         line = f"validation step {step:>6} | loss {loss:8.4f}"
         logger.info(line)
         if self._tb is not None:
             self._tb.add_scalar("validation/loss", loss, step)
+        if self._val_jsonl_path:
+            # Full precision (the log line shows 4 decimals): experiments compare these.
+            with open(self._val_jsonl_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": step, "val_loss": loss}) + "\n")
         return line
 
     def close(self) -> None:

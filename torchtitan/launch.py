@@ -1,0 +1,67 @@
+"""Launching training runs from Python (tests, demos, benchmarks): one torchrun
+job on CPU processes, and reading back what it logged."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "data" / "sample"
+
+
+def ensure_sample_data() -> None:
+    """Build the bundled sample corpus if it is missing (a few seconds)."""
+    if not (SAMPLE / "MANIFEST.json").is_file():
+        subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "build_sample_data.py"), "--out", str(SAMPLE)],
+            check=True,
+        )
+
+
+def torchrun_train(
+    nproc: int,
+    dump: Path,
+    args: list[str],
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """`torchrun --nproc-per-node nproc -m torchtitan.train ARGS --job.dump_folder dump`
+    on CPU (gloo, one thread per process); output captured, never raises on failure."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+        "--nproc-per-node", str(nproc), "-m", "torchtitan.train",
+        *args, "--job.dump_folder", str(dump),
+    ]  # fmt: skip
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})}
+    return subprocess.run(
+        cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_metrics(dump: Path) -> dict[int, dict[str, Any]]:
+    """step -> the last training record logged for it (`metrics.jsonl`)."""
+    return {int(r["step"]): r for r in _read_jsonl(dump / "metrics.jsonl")}
+
+
+def read_validation(dump: Path) -> dict[int, float]:
+    """step -> validation loss at full precision (`validation.jsonl`)."""
+    return {int(r["step"]): float(r["val_loss"]) for r in _read_jsonl(dump / "validation.jsonl")}
+
+
+def copy_checkpoint(src_dump: Path, step: int, dst_dump: Path) -> None:
+    """Seed a new run folder with one step of another run's checkpoints."""
+    name = Path("checkpoint") / f"step-{step}"
+    shutil.copytree(src_dump / name, dst_dump / name)
