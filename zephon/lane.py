@@ -26,25 +26,10 @@ from zephon.packing import BestFitPacker, ConcatPacker
 from zephon.recipe import Recipe
 from zephon.shuffle import SourcePlan
 from zephon.sources import SourceReader
-from zephon.tokenize import TokenizedBlock, TokenizerInfo, tokenize_block
+from zephon.tokenize import TokenizedBlock, TokenizerInfo
 
-Submit = Callable[..., Any]  # submit(fn, *args) -> object with .result()
-
-
-class Deferred:
-    """A future that runs its work on first `.result()`: the no-worker mode."""
-
-    def __init__(self, fn: Callable[..., Any], *args: Any):
-        self._fn, self._args, self._done, self._value = fn, args, False, None
-
-    def result(self) -> Any:
-        if not self._done:
-            self._value, self._done = self._fn(*self._args), True
-        return self._value
-
-
-def run_inline(fn: Callable[..., Any], *args: Any) -> Deferred:
-    return Deferred(fn, *args)
+# submit(reader, plan, epoch, block, skip) -> handle with .result() and .cancel()
+Submit = Callable[[SourceReader, SourcePlan, int, int, int], Any]
 
 
 @dataclass
@@ -98,9 +83,7 @@ class SourceCursor:
         while self._next is not None and len(self.queue) < depth:
             epoch, j, skip = self._next
             blocks, _ = self.plan.lane_blocks(epoch, self.lane)
-            fut = self.ctx.submit(
-                tokenize_block, self.reader, self.plan, self.ctx.tok, epoch, int(blocks[j]), skip
-            )
+            fut = self.ctx.submit(self.reader, self.plan, epoch, int(blocks[j]), skip)
             self.queue.append((epoch, j, skip, fut))
             if j + 1 < len(blocks):
                 self._next = (epoch, j + 1, 0)
@@ -242,8 +225,7 @@ class LaneStream:
         """Drop blocks still queued for workers (the lane is being replaced)."""
         for cursor in self.cursors:
             for *_, fut in cursor.queue:
-                if hasattr(fut, "cancel"):
-                    fut.cancel()
+                fut.cancel()
             cursor.queue.clear()
 
     def take_flushes(self) -> list[dict[str, Any]]:

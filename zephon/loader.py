@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -20,13 +19,14 @@ import numpy as np
 from zephon.batch import Batch, rows_to_batch
 from zephon.digest import rows_digest
 from zephon.errors import LayoutError, StateError
-from zephon.lane import LaneStream, PipelineContext, initial_snapshot, run_inline
+from zephon.lane import LaneStream, PipelineContext, initial_snapshot
 from zephon.layout import check_layout, lanes_of_rank
 from zephon.recipe import Recipe, load_recipe
 from zephon.shuffle import SourcePlan
 from zephon.sources import SourceReader
 from zephon.state import STATE_FORMAT, STATE_VERSION, check_fingerprint, check_header
 from zephon.tokenize import TokenizerInfo, load_tokenizer
+from zephon.workers import BlockWork
 
 _END = object()
 
@@ -92,18 +92,14 @@ class ZephonLoader:
             ]
         except LayoutError as exc:
             raise LayoutError(f"{self.recipe.path}: {exc}") from None
-        self._pool = (
-            ThreadPoolExecutor(self.num_workers, thread_name_prefix="zephon-worker")
-            if self.num_workers > 0
-            else None
-        )
+        self._work: BlockWork | None = BlockWork(self.tok, self.num_workers)
         self.ctx = PipelineContext(
             recipe=self.recipe,
             readers=readers,
             plans=plans,
             tok=self.tok,
             row_len=seq_len + 1,
-            submit=self._pool.submit if self._pool else run_inline,
+            submit=self._work.submit,
             block_prefetch=block_prefetch or ex.block_prefetch,
         )
         self.fingerprint = {
@@ -318,9 +314,9 @@ class ZephonLoader:
 
     def close(self) -> None:
         self._discard_lanes()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        if self._work is not None:
+            self._work.close()
+            self._work = None
 
     def __enter__(self) -> ZephonLoader:
         return self

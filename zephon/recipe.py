@@ -68,7 +68,7 @@ class ExecutionSpec:
 
     workers: int = 2
     prefetch: int = 2  # global steps produced ahead of the trainer
-    block_prefetch: int = 2  # tokenized blocks in flight per lane and source
+    block_prefetch: int = 4  # blocks read or tokenized ahead per lane and source
     cache_dir: str = ""  # where document indexes are cached ("" = user cache)
 
 
@@ -278,7 +278,7 @@ def parse_recipe(data: dict[str, Any], file: str) -> Recipe:
     execution = ExecutionSpec(
         workers=e.positive_int("workers", 2, minimum=0),
         prefetch=e.positive_int("prefetch", 2, minimum=0),
-        block_prefetch=e.positive_int("block_prefetch", 2),
+        block_prefetch=e.positive_int("block_prefetch", 4),
         cache_dir=cache_dir,
     )
     e.finish()

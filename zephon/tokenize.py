@@ -1,8 +1,8 @@
-"""Worker-side work: read one block of a source and tokenize it.
+"""Reading and tokenizing blocks: the expensive, stateless part of the pipeline.
 
-This is the expensive, stateless part of the pipeline. A block is a pure
-function of (source, epoch, block, skip), so workers can run it in any order
-on any thread; the lane consumes results in submission order.
+A block is a pure function of (source, epoch, block, skip), and each document
+is tokenized on its own, so this work can run on any thread, in any grouping;
+the lane consumes results in submission order.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -55,19 +56,22 @@ class TokenizedBlock:
     doc_ids: np.ndarray  # document indices within the source, in visiting order
 
 
-def tokenize_block(
-    reader: SourceReader,
-    plan: SourcePlan,
-    tok: TokenizerInfo,
-    epoch: int,
-    block: int,
-    skip: int = 0,
-) -> TokenizedBlock:
+@dataclass
+class RawBlock:
+    """A block as read from disk: document values in visiting order."""
+
+    values: list[Any]
+    doc_ids: np.ndarray
+
+
+def read_block(
+    reader: SourceReader, plan: SourcePlan, epoch: int, block: int, skip: int = 0
+) -> RawBlock:
     """Documents of `block` in their shuffled order, minus the first `skip`."""
     start, end = plan.block_range(block)
     order = plan.block_order(epoch, block)[skip:]
     if len(order) == 0:
-        return TokenizedBlock([], order)
+        return RawBlock([], order)
     if skip:
         # On a resume only part of the block is needed: read just that part.
         lo, hi = int(order.min()), int(order.max()) + 1
@@ -76,28 +80,47 @@ def tokenize_block(
     else:
         raw = reader.read_range(start, end)
         values = [raw[i] for i in order]
+    return RawBlock(values, start + order)
+
+
+def _with_eos(ids: Any, eos: int) -> np.ndarray:
+    arr = np.empty(len(ids) + 1, dtype=np.int32)
+    arr[:-1] = ids
+    arr[-1] = eos
+    return arr
+
+
+def check_token_ids(raw: RawBlock, reader: SourceReader, tok: TokenizerInfo) -> TokenizedBlock:
+    """A pretokenized block: validate the ids and append EOS."""
+    docs = []
+    for k, ids in enumerate(raw.values):
+        # Check before narrowing to int32, so a huge id cannot overflow first.
+        top = max(ids, default=0)
+        if top >= tok.vocab_size:
+            raise DataError(
+                f"source '{reader.spec.name}' ({', '.join(reader.spec.paths)}) document "
+                f"{int(raw.doc_ids[k])}: token id {top} is outside the tokenizer's "
+                f"vocabulary ({tok.vocab_size})"
+            )
+        docs.append(_with_eos(ids, tok.eos_id))
+    return TokenizedBlock(docs, raw.doc_ids)
+
+
+def encode_texts(texts: list[str], tok: TokenizerInfo) -> list[np.ndarray]:
+    encodings = tok.tokenizer.encode_batch(texts, add_special_tokens=False)
+    return [_with_eos(enc.ids, tok.eos_id) for enc in encodings]
+
+
+def tokenize_block(
+    reader: SourceReader,
+    plan: SourcePlan,
+    tok: TokenizerInfo,
+    epoch: int,
+    block: int,
+    skip: int = 0,
+) -> TokenizedBlock:
+    """Read and tokenize one block on the calling thread (the no-worker mode)."""
+    raw = read_block(reader, plan, epoch, block, skip)
     if reader.spec.pretokenized:
-        docs = []
-        for k, ids in enumerate(values):
-            # Check before narrowing to int32, so a huge id cannot overflow first.
-            top = max(ids, default=0)
-            if top >= tok.vocab_size:
-                raise DataError(
-                    f"source '{reader.spec.name}' ({', '.join(reader.spec.paths)}) document "
-                    f"{start + int(order[k])}: token id {top} is outside the tokenizer's "
-                    f"vocabulary ({tok.vocab_size})"
-                )
-            arr = np.empty(len(ids) + 1, dtype=np.int32)
-            arr[:-1] = ids
-            arr[-1] = tok.eos_id
-            docs.append(arr)
-    else:
-        encodings = tok.tokenizer.encode_batch(values, add_special_tokens=False)
-        docs = []
-        for enc in encodings:
-            ids = enc.ids
-            arr = np.empty(len(ids) + 1, dtype=np.int32)
-            arr[:-1] = ids
-            arr[-1] = tok.eos_id
-            docs.append(arr)
-    return TokenizedBlock(docs, start + order)
+        return check_token_ids(raw, reader, tok)
+    return TokenizedBlock(encode_texts(raw.values, tok), raw.doc_ids)
