@@ -109,17 +109,6 @@ def batch_tokens(batch: Any) -> int:
     return batch.num_rows + batch.num_valid_tokens()
 
 
-def drain_workers(loader: ZephonLoader) -> None:
-    """Wait until the loader's worker pool has finished everything submitted so far
-    (one barrier task per worker: when all run at once, nothing earlier is left)."""
-    n = loader.num_workers
-    if n == 0:
-        return
-    barrier = threading.Barrier(n)
-    for fut in [loader.ctx.submit(barrier.wait, 60.0) for _ in range(n)]:
-        fut.result()
-
-
 class _Ids:
     __slots__ = ("ids",)
 
@@ -449,14 +438,10 @@ def run_restore(
 
     for rep in range(args.restore_reps):
         for step in steps if rep % 2 == 0 else steps[::-1]:
-            # Built with prefetch 0, so the constructor starts no producer from step 0,
-            # and its lanes' first tokenize tasks are drained before the clock starts;
-            # load_state_dict then starts the prefetch thread with the recipe's depth,
-            # exactly as in a loader built with the defaults.
-            ld = make(prefetch=0)
-            ld.prefetch = recipe.execution.prefetch
+            # The loader starts no work until its first batch, so building it
+            # first and timing load_state_dict + next_batch measures the restore.
+            ld = make(prefetch=None)
             try:
-                drain_workers(ld)
                 counter.reset()
                 c0, t0 = time.process_time(), time.perf_counter()
                 ld.load_state_dict(states[step])
