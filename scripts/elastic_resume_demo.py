@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -36,7 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from torchtitan.launch import (
+    REPO,
+    copy_checkpoint,
+    ensure_sample_data,
+    read_metrics,
+    torchrun_train,
+)
+
 CONFIG = REPO / "train_configs" / "llama3_debugmodel.toml"
 LOADERS = ("zephon", "hf")
 
@@ -143,15 +149,6 @@ def sizes_for(args: argparse.Namespace, loader: str) -> list[int]:
     return args.hf_resume_sizes if loader == "hf" else args.resume_sizes
 
 
-def ensure_sample_data() -> None:
-    if not (REPO / "data" / "sample" / "MANIFEST.json").is_file():
-        subprocess.run(
-            [sys.executable, str(REPO / "scripts" / "build_sample_data.py")],
-            cwd=REPO,
-            check=True,
-        )
-
-
 def train_args(args: argparse.Namespace, loader: str) -> list[str]:
     """Everything but the process count: identical for a reference and its resumes."""
     extra = ["--data.hf_resume", "skip"] if loader == "hf" else []
@@ -188,45 +185,18 @@ def train_args(args: argparse.Namespace, loader: str) -> list[str]:
     ]
 
 
-def read_metrics(dump: Path) -> dict[int, dict[str, Any]]:
-    out: dict[int, dict[str, Any]] = {}
-    path = dump / "metrics.jsonl"
-    if not path.is_file():
-        return out
-    with open(path) as f:
-        for line in f:
-            rec = json.loads(line)
-            out[int(rec["step"])] = {
-                "loss": rec["loss"],
-                "grad_norm": rec["grad_norm"],
-                "digest": rec.get("digest"),
-            }
-    return out
+def logged_steps(dump: Path) -> dict[int, dict[str, Any]]:
+    """step -> {"loss", "grad_norm", "digest"} from the run's metrics.jsonl."""
+    keep = ("loss", "grad_norm", "digest")
+    return {s: {k: r.get(k) for k in keep} for s, r in read_metrics(dump).items()}
 
 
 def launch(nproc: int, dump: Path, cli: list[str], timeout: int) -> tuple[str, float]:
-    """Run the trainer on `nproc` CPU processes; returns (stdout, wall seconds)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        str(nproc),
-        "-m",
-        "torchtitan.train",
-        *cli,
-        "--job.dump_folder",
-        str(dump),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    """Run the trainer on `nproc` CPU processes, its output kept in train.log;
+    returns (stdout, wall seconds)."""
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(
-            cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
-        )
+        proc = torchrun_train(nproc, dump, cli, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise RunFailed(f"{dump}: no result after {timeout}s") from exc
     wall = time.perf_counter() - t0
@@ -248,7 +218,7 @@ def run_reference(args: argparse.Namespace, loader: str, runs_dir: Path) -> Run:
     dump = fresh(runs_dir / loader / f"reference-p{args.ref_procs}")
     print(f"[{loader}] reference: {args.ref_procs} processes, steps 1..{args.steps}", flush=True)
     _, wall = launch(args.ref_procs, dump, train_args(args, loader), args.timeout)
-    steps = read_metrics(dump)
+    steps = logged_steps(dump)
     if sorted(steps) != list(range(1, args.steps + 1)):
         raise RunFailed(f"{dump}: logged steps {sorted(steps)}, expected 1..{args.steps}")
     ckpt = dump / "checkpoint" / f"step-{args.ckpt_step}"
@@ -261,13 +231,13 @@ def run_reference(args: argparse.Namespace, loader: str, runs_dir: Path) -> Run:
 def run_resume(args: argparse.Namespace, ref: Run, nproc: int, runs_dir: Path) -> Run:
     dump = fresh(runs_dir / ref.loader / f"resume-p{nproc}")
     k = args.ckpt_step
-    shutil.copytree(ref.dump / "checkpoint" / f"step-{k}", dump / "checkpoint" / f"step-{k}")
+    copy_checkpoint(ref.dump, k, dump)
     print(f"[{ref.loader}] resume step-{k} on {nproc} processes", flush=True)
     stdout, wall = launch(nproc, dump, train_args(args, ref.loader), args.timeout)
     expected = f"resumed from step {k} on {nproc} data-parallel rank(s)"
     if expected not in stdout:
         raise RunFailed(f"{dump}: the trainer did not report '{expected}'")
-    steps = read_metrics(dump)
+    steps = logged_steps(dump)
     print(f"[{ref.loader}]   done in {wall:.0f}s", flush=True)
     return Run(ref.loader, "resume", nproc, dump, wall, steps)
 

@@ -6,19 +6,17 @@ process count of ``--sizes`` (default 1, 2, 4, 8), once with each loader
 (Zephon and the conventional per-rank ``hf`` baseline), with every other
 setting equal (seed, global batch, steps, schedule), then evaluates each final
 model on the held-out validation recipe with the trainer's own end-of-run
-validation (its ``validation step N | loss X`` log line).
+validation, read from the run's ``validation.jsonl`` (the loss at full float64
+precision; the log line shows only 4 decimals).
 
 The spread (max - min) of the validation loss over process counts is set
 against a measured noise floor: one configuration (Zephon, ``--noise-procs``
 processes) repeated with only the micro-batch size changed, which regroups the
-fp32 gradient sums but feeds exactly the same data. With Zephon the spread
-should sit at that floor; with hf, whose batches depend on the process count,
-it should not.
-
-The log line prints 4 decimals, below the noise floor; so each run also
-writes TensorBoard scalars and, when the ``validation/loss`` scalar can be
-read back (float32, ~5e-7 at these losses), that value is used instead after
-checking it agrees with the log line.
+fp32 gradient sums but feeds exactly the same data. The model computes in
+fp32; the validation loss is summed and reported in float64, so the floor
+measures fp32 reduction-order differences, not the precision of the reported
+value. With Zephon the spread should sit at that floor; with hf, whose batches
+depend on the process count, it should not.
 
 Writes ``results.md``, ``val_loss.png`` and ``results.json`` into ``--out``.
 Exits 1 if a run fails, or if the Zephon runs did not all see the same global
@@ -32,8 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
+import math
 import shutil
 import subprocess
 import sys
@@ -41,14 +38,17 @@ import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from torchtitan.launch import (
+    REPO,
+    ensure_sample_data,
+    read_metrics,
+    read_validation,
+    torchrun_train,
+)
+
 CONFIG = REPO / "train_configs" / "llama3_debugmodel.toml"
 LOADERS = ("zephon", "hf")
-VAL_LINE = re.compile(r"validation step\s+(\d+) \| loss\s+(\S+)")
-# The log line rounds to 4 decimals: a TensorBoard value must agree to that.
-LOG_RESOLUTION = 1e-4
 
 
 @dataclass
@@ -57,9 +57,7 @@ class Result:
     nproc: int
     local_batch: int
     val_loss: float
-    """The value compared: TensorBoard's float32 when readable, else the log line."""
-    val_loss_log: float
-    val_loss_tb: float | None
+    """The end-of-run validation loss, float64 from `validation.jsonl`."""
     val_step: int
     final_train_loss: float | None
     digests: list[str | None]
@@ -158,15 +156,6 @@ def check_layout(args: argparse.Namespace) -> None:
             )
 
 
-def ensure_sample_data() -> None:
-    if not (REPO / "data" / "sample" / "MANIFEST.json").is_file():
-        subprocess.run(
-            [sys.executable, str(REPO / "scripts" / "build_sample_data.py")],
-            cwd=REPO,
-            check=True,
-        )
-
-
 def train_args(args: argparse.Namespace, loader: str, local_batch: int) -> list[str]:
     return [
         "--job.config_file",
@@ -187,8 +176,6 @@ def train_args(args: argparse.Namespace, loader: str, local_batch: int) -> list[
         "false",
         "--metrics.log_freq",
         "1",
-        "--metrics.enable_tensorboard",
-        "true",
         "--validation.enable",
         "true",
         "--validation.recipe",
@@ -206,53 +193,20 @@ def train_args(args: argparse.Namespace, loader: str, local_batch: int) -> list[
     ]
 
 
-def launch(nproc: int, dump: Path, cli: list[str], timeout: int) -> tuple[str, float]:
-    """Run the trainer on `nproc` CPU processes; returns (stdout, wall seconds)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        str(nproc),
-        "-m",
-        "torchtitan.train",
-        *cli,
-        "--job.dump_folder",
-        str(dump),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    t0 = time.perf_counter()
+def launch(nproc: int, dump: Path, cli: list[str], timeout: int) -> float:
+    """Run the trainer on `nproc` CPU processes, its output kept in train.log;
+    returns the wall seconds."""
+    started = time.perf_counter()
     try:
-        proc = subprocess.run(
-            cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
-        )
+        proc = torchrun_train(nproc, dump, cli, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise RunFailed(f"{dump}: no result after {timeout}s") from exc
-    wall = time.perf_counter() - t0
-    (dump / "train.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
-        raise RunFailed(f"{dump}: trainer exited {proc.returncode}\n{tail}")
-    return proc.stdout, wall
-
-
-def read_tb_val_loss(tb_dir: Path) -> float | None:
-    """The last `validation/loss` scalar in the run's TensorBoard folder, if readable."""
-    try:
-        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    except ImportError:
-        return None
-    if not tb_dir.is_dir():
-        return None
-    acc = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    if "validation/loss" not in acc.Tags().get("scalars", []):
-        return None
-    events = acc.Scalars("validation/loss")
-    return float(events[-1].value) if events else None
+    output = proc.stdout + "\n--- stderr ---\n" + proc.stderr
+    (dump / "train.log").write_text(output)
+    if proc.returncode:
+        last = "\n".join(output.splitlines()[-25:])
+        raise RunFailed(f"{dump}: trainer exited {proc.returncode}\n{last}")
+    return time.perf_counter() - started
 
 
 def run_one(
@@ -265,35 +219,20 @@ def run_one(
     print(
         f"[{loader}] {nproc} processes, micro-batch {local_batch}, {args.steps} steps", flush=True
     )
-    stdout, wall = launch(nproc, dump, train_args(args, loader, local_batch), args.timeout)
-    found = VAL_LINE.findall(stdout)
-    if not found:
-        raise RunFailed(f"{dump}: no 'validation step N | loss X' line in the log")
-    val_step, val_text = int(found[-1][0]), found[-1][1]
-    val_log = float(val_text)
-    val_tb = read_tb_val_loss(dump / "tb")
-    if val_tb is not None and abs(val_tb - val_log) > LOG_RESOLUTION:
-        print(f"  TensorBoard value {val_tb} disagrees with the log line {val_log}; using the log")
-        val_tb = None
-    records: dict[int, dict[str, Any]] = {}
-    with open(dump / "metrics.jsonl") as f:
-        for line in f:
-            rec = json.loads(line)
-            records[int(rec["step"])] = rec
+    wall = launch(nproc, dump, train_args(args, loader, local_batch), args.timeout)
+    validations = read_validation(dump)
+    if not validations:
+        raise RunFailed(
+            f"{dump}: no record in validation.jsonl (the trainer logs one at the end of a "
+            "run with validation enabled)"
+        )
+    val_step = max(validations)
+    val = validations[val_step]
+    records = read_metrics(dump)
     digests = [records.get(s, {}).get("digest") for s in range(1, args.steps + 1)]
     final = records.get(args.steps, {}).get("loss")
-    val = val_tb if val_tb is not None else val_log
-    print(f"  validation loss {val:.7f} (log line {val_text}) in {wall:.0f}s", flush=True)
-    return Result(
-        loader, nproc, local_batch, val, val_log, val_tb, val_step, final, digests, wall, dump
-    )
-
-
-def float32_step(values: list[float]) -> float:
-    """The spacing of float32 numbers at the largest of `values` (TensorBoard's precision)."""
-    import numpy as np
-
-    return float(np.spacing(np.float32(max(abs(v) for v in values))))
+    print(f"  validation loss {val:.10f} (step {val_step}) in {wall:.0f}s", flush=True)
+    return Result(loader, nproc, local_batch, val, val_step, final, digests, wall, dump)
 
 
 def spread(values: list[float]) -> float:
@@ -310,7 +249,12 @@ def settings_line(args: argparse.Namespace) -> str:
     )
 
 
-def _fmt(x: float | None, digits: int = 6) -> str:
+def float64_step(values: list[float]) -> float:
+    """The spacing of float64 numbers at the largest of `values` (the reported precision)."""
+    return math.ulp(max(abs(v) for v in values))
+
+
+def _fmt(x: float | None, digits: int = 8) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
@@ -326,7 +270,6 @@ def markdown(
     main_runs: dict[str, dict[int, Result]],
     noise_runs: list[Result],
     noise_floor: float,
-    precise: bool,
 ) -> str:
     sizes = args.sizes
     head = ["loader", *[f"{n} proc" for n in sizes], "spread (max - min)", "vs. noise floor"]
@@ -347,14 +290,15 @@ def markdown(
         cells.append(f"{distinct} of {len(sizes)}")
         lines.append("| " + " | ".join(cells) + " |")
     noise_desc = ", ".join(
-        f"micro-batch {r.local_batch}: {_fmt(r.val_loss, 7)}" for r in noise_runs
+        f"micro-batch {r.local_batch}: {_fmt(r.val_loss, 10)}" for r in noise_runs
     )
     lines += [
         "",
         f"**Noise floor: {noise_floor:.2e}** = spread of the validation loss over one "
         f"configuration (Zephon, {args.noise_procs} processes) repeated with only the "
         f"micro-batch size changed, i.e. the same data with the fp32 sums regrouped "
-        f"({noise_desc}).",
+        f"({noise_desc}). It is measured on the float64 value the trainer reports, so it "
+        "is the model's own fp32 reduction-order noise, not a limit of the reading.",
         "",
     ]
     if "zephon" in main_runs and "hf" in main_runs:
@@ -366,20 +310,11 @@ def markdown(
             "its batches, and so the trained model, depend on the process count."
         )
         lines.append("")
-    if precise:
-        step = float32_step([r.val_loss for runs in main_runs.values() for r in runs.values()])
-        lines.append(
-            f"Resolution: the values are float32; one float32 step at these losses is "
-            f"{step:.2e}, so spreads of a few steps are at the limit of what this can resolve."
-        )
-        lines.append("")
+    step = float64_step([r.val_loss for runs in main_runs.values() for r in runs.values()])
     lines.append(
-        "Values are the trainer's end-of-run validation loss; "
-        + (
-            "read from its TensorBoard scalar (float32, checked against the 4-decimal log line)."
-            if precise
-            else "parsed from its log line (4 decimals: differences below 1e-4 are not resolved)."
-        )
+        "Values are the trainer's end-of-run validation loss, read at full precision from "
+        f"each run's `validation.jsonl`: float64 (one float64 step at these losses is "
+        f"{step:.1e}), summed in float64 over the model's fp32 per-batch losses."
     )
     lines.append("Produced by `scripts/gpu_count_sensitivity.py`; raw values in `results.json`.")
     return "\n".join(lines) + "\n"
@@ -426,32 +361,30 @@ def plot(
     ax.grid(axis="y", alpha=0.3)
     ax.set_title("validation loss by process count (y axis zoomed)", fontsize=10)
 
-    # Spreads on a log scale, next to the noise floor; zeros drawn at the float32 step.
-    floor_draw = 1e-7
+    # Spreads on a log scale, next to the noise floor; a zero is drawn a decade
+    # below the smallest nonzero value.
     names = [f"{ld}\nspread" for ld in loaders] + ["noise\nfloor"]
     vals = [spread([main_runs[ld][n].val_loss for n in sizes]) for ld in loaders] + [noise_floor]
+    positive = [v for v in vals if v > 0]
+    floor_draw = 10 ** (math.floor(math.log10(min(positive))) - 1) if positive else 1e-12
     bar_colors = ["tab:blue" if ld == "zephon" else "tab:orange" for ld in loaders] + ["0.5"]
     bars = ax2.bar(names, [max(v, floor_draw) for v in vals], color=bar_colors)
     for b, v in zip(bars, vals, strict=True):
         ax2.text(
             b.get_x() + b.get_width() / 2,
             max(v, floor_draw),
-            f"{v:.1e}" if v > 0 else "0 (drawn at 1e-7)",
+            f"{v:.1e}" if v > 0 else f"0 (drawn at {floor_draw:.0e})",
             ha="center",
             va="bottom",
             fontsize=8,
         )
     ax2.axhline(max(noise_floor, floor_draw), color="0.4", ls="--", lw=1, label="noise floor")
-    all_vals = [r.val_loss for runs in main_runs.values() for r in runs.values()]
-    ax2.axhline(
-        float32_step(all_vals), color="crimson", ls=":", lw=1, label="float32 step (resolution)"
-    )
     ax2.legend(fontsize=7.5, loc="upper right")
     ax2.set_yscale("log")
     ax2.set_ylim(floor_draw / 2, max(max(vals), floor_draw) * 20)
     ax2.set_ylabel("max - min of validation loss over process counts")
     ax2.set_xlabel(f"noise floor: Zephon, {args.noise_procs} proc., other micro-batch size")
-    ax2.set_title("spread vs. reduction-order noise (log)", fontsize=10)
+    ax2.set_title("spread vs. fp32 reduction-order noise (log)", fontsize=10)
     ax2.grid(axis="y", alpha=0.3)
 
     sizes_txt = ", ".join(str(n) for n in sizes)
@@ -499,15 +432,10 @@ def main(argv: list[str] | None = None) -> int:
     every = [r for runs in main_runs.values() for r in runs.values()]
     every += [r for r in noise_runs if all(r is not x for x in every)]
     noise_ids = {id(r) for r in noise_runs[1:]}
-    precise = all(r.val_loss_tb is not None for r in every)
-    if not precise:  # compare like with like: fall back to the log lines everywhere
-        for r in every:
-            r.val_loss = r.val_loss_log
-        noise_floor = spread([r.val_loss for r in noise_runs])
     zephon_seqs = {tuple(r.digests) for r in [*main_runs.get("zephon", {}).values(), *noise_runs]}
     zephon_same = len(zephon_seqs) == 1 and None not in next(iter(zephon_seqs))
 
-    md = markdown(args, main_runs, noise_runs, noise_floor, precise)
+    md = markdown(args, main_runs, noise_runs, noise_floor)
     (args.out / "results.md").write_text(md)
     plot(args, main_runs, noise_floor, args.out / "val_loss.png")
     results = {
@@ -529,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
             "noise_procs": args.noise_procs,
             "noise_local_batches": args.noise_local_batches,
         },
-        "value_source": "tensorboard_float32" if precise else "log_line",
+        "value_source": "validation.jsonl (float64; the model computes in fp32)",
         "spread": {
             ld: spread([runs[n].val_loss for n in args.sizes]) for ld, runs in main_runs.items()
         },
@@ -542,8 +470,6 @@ def main(argv: list[str] | None = None) -> int:
                 "local_batch": r.local_batch,
                 "role": "noise" if id(r) in noise_ids else "main",
                 "val_loss": r.val_loss,
-                "val_loss_log_line": r.val_loss_log,
-                "val_loss_tensorboard": r.val_loss_tb,
                 "val_step": r.val_step,
                 "final_train_loss": r.final_train_loss,
                 "digests": r.digests,
