@@ -15,8 +15,11 @@ processes) repeated with only the micro-batch size changed, which regroups the
 fp32 gradient sums but feeds exactly the same data. The model computes in
 fp32; the validation loss is summed and reported in float64, so the floor
 measures fp32 reduction-order differences, not the precision of the reported
-value. With Zephon the spread should sit at that floor; with hf, whose batches
-depend on the process count, it should not.
+value. The floor keeps the process count fixed, so it does not include the
+regrouping of gradient sums across ranks that a different process count also
+brings (one process has no cross-rank reduction at all): Zephon's spread is
+that arithmetic noise, a small multiple of the floor and orders of magnitude
+below hf's, whose batches themselves depend on the process count.
 
 Writes ``results.md``, ``val_loss.png`` and ``results.json`` into ``--out``.
 Exits 1 if a run fails, or if the Zephon runs did not all see the same global
