@@ -91,7 +91,7 @@ def test_shipped_configs_load() -> None:
         cfg = load_job_config(["--job.config_file", path])
         assert cfg.model.name == "llama3"
     cfg = load_job_config(["--job.config_file", str(REPO / "train_configs/llama3_debugmodel.toml")])
-    assert (cfg.training.steps, cfg.checkpoint.interval, cfg.optimizer.lr) == (60, 20, 1e-3)
+    assert (cfg.training.steps, cfg.checkpoint.interval, cfg.optimizer.lr) == (40, 20, 1e-3)
     assert cfg.data.log_batch_digests is True
 
 
