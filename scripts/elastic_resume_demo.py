@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import time
 import tomllib
@@ -36,15 +35,18 @@ from pathlib import Path
 from typing import Any
 
 from torchtitan.launch import (
+    LOADERS,
     REPO,
+    RunFailed,
     copy_checkpoint,
     ensure_sample_data,
+    parse_loaders,
+    parse_sizes,
     read_metrics,
-    torchrun_train,
+    run_logged,
 )
 
 CONFIG = REPO / "train_configs" / "llama3_debugmodel.toml"
-LOADERS = ("zephon", "hf")
 
 
 @dataclass
@@ -75,30 +77,6 @@ class Row:
         return self.compared > 0 and self.matched == self.compared
 
 
-class RunFailed(RuntimeError):
-    pass
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
-def _loaders(text: str) -> list[str]:
-    names = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [n for n in names if n not in LOADERS]
-    if not names or bad:
-        raise argparse.ArgumentTypeError(f"loaders must be among {', '.join(LOADERS)}")
-    return names
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -107,14 +85,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=12, help="training steps S (default 12)")
     p.add_argument("--ckpt-step", type=int, default=6, help="checkpoint step k (default 6)")
     p.add_argument("--ref-procs", type=int, default=4, help="reference process count P")
-    p.add_argument("--resume-sizes", type=_ints, default=[1, 2, 8], help="e.g. 1,2,8")
+    p.add_argument("--resume-sizes", type=parse_sizes, default=[1, 2, 8], help="e.g. 1,2,8")
     p.add_argument(
         "--hf-resume-sizes",
-        type=_ints,
+        type=parse_sizes,
         default=None,
         help="resume sizes for the hf loader (default: --resume-sizes)",
     )
-    p.add_argument("--loaders", type=_loaders, default=list(LOADERS), help="zephon,hf")
+    p.add_argument("--loaders", type=parse_loaders, default=list(LOADERS), help="zephon,hf")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--global-batch", type=int, default=32, help="rows per step, all ranks")
     p.add_argument("--local-batch", type=int, default=4, help="rows per micro-batch")
@@ -191,22 +169,6 @@ def logged_steps(dump: Path) -> dict[int, dict[str, Any]]:
     return {s: {k: r.get(k) for k in keep} for s, r in read_metrics(dump).items()}
 
 
-def launch(nproc: int, dump: Path, cli: list[str], timeout: int) -> tuple[str, float]:
-    """Run the trainer on `nproc` CPU processes, its output kept in train.log;
-    returns (stdout, wall seconds)."""
-    t0 = time.perf_counter()
-    try:
-        proc = torchrun_train(nproc, dump, cli, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise RunFailed(f"{dump}: no result after {timeout}s") from exc
-    wall = time.perf_counter() - t0
-    (dump / "train.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
-        raise RunFailed(f"{dump}: trainer exited {proc.returncode}\n{tail}")
-    return proc.stdout, wall
-
-
 def fresh(dump: Path) -> Path:
     if dump.exists():
         shutil.rmtree(dump)
@@ -217,7 +179,7 @@ def fresh(dump: Path) -> Path:
 def run_reference(args: argparse.Namespace, loader: str, runs_dir: Path) -> Run:
     dump = fresh(runs_dir / loader / f"reference-p{args.ref_procs}")
     print(f"[{loader}] reference: {args.ref_procs} processes, steps 1..{args.steps}", flush=True)
-    _, wall = launch(args.ref_procs, dump, train_args(args, loader), args.timeout)
+    _, wall = run_logged(args.ref_procs, dump, train_args(args, loader), args.timeout)
     steps = logged_steps(dump)
     if sorted(steps) != list(range(1, args.steps + 1)):
         raise RunFailed(f"{dump}: logged steps {sorted(steps)}, expected 1..{args.steps}")
@@ -233,7 +195,7 @@ def run_resume(args: argparse.Namespace, ref: Run, nproc: int, runs_dir: Path) -
     k = args.ckpt_step
     copy_checkpoint(ref.dump, k, dump)
     print(f"[{ref.loader}] resume step-{k} on {nproc} processes", flush=True)
-    stdout, wall = launch(nproc, dump, train_args(args, ref.loader), args.timeout)
+    stdout, wall = run_logged(nproc, dump, train_args(args, ref.loader), args.timeout)
     expected = f"resumed from step {k} on {nproc} data-parallel rank(s)"
     if expected not in stdout:
         raise RunFailed(f"{dump}: the trainer did not report '{expected}'")

@@ -35,7 +35,6 @@ import argparse
 import json
 import math
 import shutil
-import subprocess
 import sys
 import time
 import tomllib
@@ -43,15 +42,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchtitan.launch import (
+    LOADERS,
     REPO,
+    RunFailed,
     ensure_sample_data,
+    parse_loaders,
+    parse_sizes,
     read_metrics,
     read_validation,
-    torchrun_train,
+    run_logged,
 )
 
 CONFIG = REPO / "train_configs" / "llama3_debugmodel.toml"
-LOADERS = ("zephon", "hf")
 
 
 @dataclass
@@ -72,36 +74,13 @@ class Result:
         return f"{self.loader}-p{self.nproc}-mb{self.local_batch}"
 
 
-class RunFailed(RuntimeError):
-    pass
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
-def _loaders(text: str) -> list[str]:
-    names = [v.strip() for v in text.split(",") if v.strip()]
-    if not names or any(n not in LOADERS for n in names):
-        raise argparse.ArgumentTypeError(f"loaders must be among {', '.join(LOADERS)}")
-    return names
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--out", type=Path, default=REPO / "outputs" / "gpu_count_sensitivity")
-    p.add_argument("--sizes", type=_ints, default=[1, 2, 4, 8], help="process counts")
-    p.add_argument("--loaders", type=_loaders, default=list(LOADERS), help="zephon,hf")
+    p.add_argument("--sizes", type=parse_sizes, default=[1, 2, 4, 8], help="process counts")
+    p.add_argument("--loaders", type=parse_loaders, default=list(LOADERS), help="zephon,hf")
     p.add_argument("--steps", type=int, default=24, help="optimizer steps (default 24)")
     p.add_argument(
         "--token-budget",
@@ -117,7 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--noise-procs", type=int, default=2, help="process count of the noise runs")
     p.add_argument(
         "--noise-local-batches",
-        type=_ints,
+        type=parse_sizes,
         default=[1, 4],
         help="other micro-batch sizes to repeat the noise configuration with (default 1,4)",
     )
@@ -196,22 +175,6 @@ def train_args(args: argparse.Namespace, loader: str, local_batch: int) -> list[
     ]
 
 
-def launch(nproc: int, dump: Path, cli: list[str], timeout: int) -> float:
-    """Run the trainer on `nproc` CPU processes, its output kept in train.log;
-    returns the wall seconds."""
-    started = time.perf_counter()
-    try:
-        proc = torchrun_train(nproc, dump, cli, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise RunFailed(f"{dump}: no result after {timeout}s") from exc
-    output = proc.stdout + "\n--- stderr ---\n" + proc.stderr
-    (dump / "train.log").write_text(output)
-    if proc.returncode:
-        last = "\n".join(output.splitlines()[-25:])
-        raise RunFailed(f"{dump}: trainer exited {proc.returncode}\n{last}")
-    return time.perf_counter() - started
-
-
 def run_one(
     args: argparse.Namespace, loader: str, nproc: int, local_batch: int, runs_dir: Path
 ) -> Result:
@@ -222,7 +185,7 @@ def run_one(
     print(
         f"[{loader}] {nproc} processes, micro-batch {local_batch}, {args.steps} steps", flush=True
     )
-    wall = launch(nproc, dump, train_args(args, loader, local_batch), args.timeout)
+    _, wall = run_logged(nproc, dump, train_args(args, loader, local_batch), args.timeout)
     validations = read_validation(dump)
     if not validations:
         raise RunFailed(

@@ -3,16 +3,23 @@ job on CPU processes, and reading back what it logged."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
+LOADERS = ("zephon", "hf")
+
+
+class RunFailed(RuntimeError):
+    """A training run exited non-zero or timed out."""
 
 
 def ensure_sample_data() -> None:
@@ -65,3 +72,43 @@ def copy_checkpoint(src_dump: Path, step: int, dst_dump: Path) -> None:
     """Seed a new run folder with one step of another run's checkpoints."""
     name = Path("checkpoint") / f"step-{step}"
     shutil.copytree(src_dump / name, dst_dump / name)
+
+
+def run_logged(
+    nproc: int, dump: Path, args: list[str], timeout: float | None = None
+) -> tuple[str, float]:
+    """`torchrun_train`, its output kept in `dump/train.log`; returns (stdout, wall
+    seconds) and raises RunFailed with the output's tail if the run failed."""
+    started = time.perf_counter()
+    try:
+        proc = torchrun_train(nproc, dump, args, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise RunFailed(f"{dump}: no result after {timeout}s") from exc
+    output = proc.stdout + "\n--- stderr ---\n" + proc.stderr
+    dump.mkdir(parents=True, exist_ok=True)
+    (dump / "train.log").write_text(output)
+    if proc.returncode:
+        last = "\n".join(output.splitlines()[-25:])
+        raise RunFailed(f"{dump}: trainer exited {proc.returncode}\n{last}")
+    return proc.stdout, time.perf_counter() - started
+
+
+def parse_sizes(text: str) -> list[int]:
+    """argparse type for process counts such as "1,2,8"."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def parse_loaders(text: str) -> list[str]:
+    """argparse type for loader lists such as "zephon,hf"."""
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    if not names or any(n not in LOADERS for n in names):
+        raise argparse.ArgumentTypeError(f"loaders must be among {', '.join(LOADERS)}")
+    return names
