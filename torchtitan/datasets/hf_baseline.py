@@ -37,18 +37,18 @@ from zephon.batch import Batch, rows_to_batch
 from zephon.digest import rows_digest
 from zephon.errors import DataError, LayoutError, StateError
 from zephon.recipe import Recipe, SourceSpec
+from zephon.sources import default_cache_dir as zephon_cache_dir
+from zephon.tokenize import load_tokenizer
 
 LOADER_NAME = "hf"
 STATE_VERSION = 1
 RESUME_MODES = ("refuse", "skip")
-EOS_TOKEN = "<|endoftext|>"
 _READ_CHUNK = 256  # documents fetched from the arrow table at a time
 
 
 def default_cache_dir() -> str:
     """Where Hugging Face `datasets` keeps its arrow cache for this loader."""
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "zephon", "hf_baseline")
+    return os.path.join(zephon_cache_dir(), "hf_baseline")
 
 
 # -- loading the corpus with Hugging Face datasets ---------------------------
@@ -371,17 +371,9 @@ class HFBaselineLoader:
             )
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        if not os.path.isfile(tokenizer_path):
-            raise DataError(f"{tokenizer_path}: tokenizer file not found")
-        from tokenizers import Tokenizer
-
-        try:
-            tokenizer = Tokenizer.from_file(tokenizer_path)
-        except Exception as exc:
-            raise DataError(f"{tokenizer_path}: not a tokenizers JSON file: {exc}") from exc
-        eos_id = tokenizer.token_to_id(EOS_TOKEN)
-        if eos_id is None:
-            raise DataError(f"{tokenizer_path}: the tokenizer has no {EOS_TOKEN} token")
+        # The same tokenizer checks and EOS as Zephon, so the two loaders differ
+        # only in how they split, pack and checkpoint.
+        eos_id = load_tokenizer(tokenizer_path).eos_id
 
         from datasets.distributed import split_dataset_by_node
 
