@@ -40,6 +40,7 @@ from torchtitan.launch import (
     RunFailed,
     copy_checkpoint,
     ensure_sample_data,
+    overrides,
     parse_loaders,
     parse_sizes,
     read_metrics,
@@ -129,38 +130,25 @@ def sizes_for(args: argparse.Namespace, loader: str) -> list[int]:
 
 def train_args(args: argparse.Namespace, loader: str) -> list[str]:
     """Everything but the process count: identical for a reference and its resumes."""
-    extra = ["--data.hf_resume", "skip"] if loader == "hf" else []
-    return [
-        "--job.config_file",
-        str(CONFIG),
-        "--training.seq_len",
-        str(args.seq_len),
-        "--training.global_batch_size",
-        str(args.global_batch),
-        "--training.local_batch_size",
-        str(args.local_batch),
-        "--training.steps",
-        str(args.steps),
-        "--training.seed",
-        str(args.seed),
-        "--lr_scheduler.warmup_steps",
-        str(args.warmup_steps),
-        "--checkpoint.enable",
-        "true",
-        "--checkpoint.interval",
-        str(args.ckpt_step),
-        "--checkpoint.load_step",
-        "-1",
-        "--metrics.log_freq",
-        "1",
-        "--data.log_batch_digests",
-        "true",
-        "--data.loader",
-        loader,
-        "--data.recipe",
-        str(args.recipe),
-        *extra,
-    ]
+    fields = {
+        "job.config_file": CONFIG,
+        "training.seq_len": args.seq_len,
+        "training.global_batch_size": args.global_batch,
+        "training.local_batch_size": args.local_batch,
+        "training.steps": args.steps,
+        "training.seed": args.seed,
+        "lr_scheduler.warmup_steps": args.warmup_steps,
+        "checkpoint.enable": True,
+        "checkpoint.interval": args.ckpt_step,
+        "checkpoint.load_step": -1,
+        "metrics.log_freq": 1,
+        "data.log_batch_digests": True,
+        "data.loader": loader,
+        "data.recipe": args.recipe,
+    }
+    if loader == "hf":
+        fields["data.hf_resume"] = "skip"
+    return overrides(fields)
 
 
 def logged_steps(dump: Path) -> dict[int, dict[str, Any]]:

@@ -46,6 +46,7 @@ from torchtitan.launch import (
     REPO,
     RunFailed,
     ensure_sample_data,
+    overrides,
     parse_loaders,
     parse_sizes,
     read_metrics,
@@ -139,40 +140,26 @@ def check_layout(args: argparse.Namespace) -> None:
 
 
 def train_args(args: argparse.Namespace, loader: str, local_batch: int) -> list[str]:
-    return [
-        "--job.config_file",
-        str(CONFIG),
-        "--training.seq_len",
-        str(args.seq_len),
-        "--training.global_batch_size",
-        str(args.global_batch),
-        "--training.local_batch_size",
-        str(local_batch),
-        "--training.steps",
-        str(args.steps),
-        "--training.seed",
-        str(args.seed),
-        "--lr_scheduler.warmup_steps",
-        str(args.warmup_steps),
-        "--checkpoint.enable",
-        "false",
-        "--metrics.log_freq",
-        "1",
-        "--validation.enable",
-        "true",
-        "--validation.recipe",
-        str(args.val_recipe),
-        "--validation.freq",
-        "0",
-        "--validation.steps",
-        str(args.val_steps),
-        "--data.log_batch_digests",
-        "true",
-        "--data.loader",
-        loader,
-        "--data.recipe",
-        str(args.recipe),
-    ]
+    return overrides(
+        {
+            "job.config_file": CONFIG,
+            "training.seq_len": args.seq_len,
+            "training.global_batch_size": args.global_batch,
+            "training.local_batch_size": local_batch,
+            "training.steps": args.steps,
+            "training.seed": args.seed,
+            "lr_scheduler.warmup_steps": args.warmup_steps,
+            "checkpoint.enable": False,
+            "metrics.log_freq": 1,
+            "validation.enable": True,
+            "validation.recipe": args.val_recipe,
+            "validation.freq": 0,
+            "validation.steps": args.val_steps,
+            "data.log_batch_digests": True,
+            "data.loader": loader,
+            "data.recipe": args.recipe,
+        }
+    )
 
 
 def run_one(

@@ -51,6 +51,15 @@ def torchrun_train(
     )
 
 
+def overrides(fields: dict[str, Any]) -> list[str]:
+    """{"training.steps": 12, "data.log_batch_digests": True} -> trainer CLI arguments."""
+    out: list[str] = []
+    for key, value in fields.items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        out += [f"--{key}", text]
+    return out
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
