@@ -25,7 +25,7 @@ from zephon.recipe import Recipe, load_recipe
 from zephon.shuffle import SourcePlan
 from zephon.sources import SourceReader
 from zephon.state import STATE_FORMAT, STATE_VERSION, check_fingerprint, check_header
-from zephon.tokenize import TokenizerInfo, load_tokenizer
+from zephon.tokenize import TokenizerInfo, resolve_tokenizer
 from zephon.workers import BlockWork
 
 _END = object()
@@ -69,7 +69,7 @@ class ZephonLoader:
         check_layout(lanes, dp_size, global_batch_size, micro)
         if seq_len < 1:
             raise ValueError(f"seq_len must be >= 1, got {seq_len}")
-        self.tok = tokenizer if isinstance(tokenizer, TokenizerInfo) else load_tokenizer(tokenizer)
+        self.tok = resolve_tokenizer(tokenizer, self.recipe)
         self.seq_len, self.global_batch_size = seq_len, global_batch_size
         self.dp_rank, self.dp_size = dp_rank, dp_size
         self.rows_per_lane = global_batch_size // lanes
@@ -108,6 +108,8 @@ class ZephonLoader:
                 s.name: r.num_docs for s, r in zip(self.recipe.sources, readers, strict=True)
             },
             "tokenizer": self.tok.fingerprint,
+            # Only when a special token differs from the bare tokenizer.json's (DESIGN §11).
+            **({"tokenizer_choices": self.tok.choices} if self.tok.choices else {}),
             "seq_len": seq_len,
             "global_batch_size": global_batch_size,
             "lanes": lanes,

@@ -73,6 +73,23 @@ class ExecutionSpec:
 
 
 @dataclass(frozen=True)
+class TokenizerSpec:
+    """Overrides of the special tokens a tokenizer (file or folder) gives.
+
+    Empty / None means "as the tokenizer says"; see zephon.tokenize.load_tokenizer.
+    """
+
+    eos: str = ""
+    bos: str = ""
+    pad: str = ""
+    add_bos: bool | None = None  # prepend BOS to every document
+
+    def non_default(self) -> dict[str, Any]:
+        """Only the fields that were set: what enters the recipe digest (DESIGN §11)."""
+        return {k: v for k, v in asdict(self).items() if v not in ("", None)}
+
+
+@dataclass(frozen=True)
 class Recipe:
     path: str
     name: str
@@ -83,6 +100,7 @@ class Recipe:
     shuffle: ShuffleSpec = field(default_factory=ShuffleSpec)
     packing: PackingSpec = field(default_factory=PackingSpec)
     execution: ExecutionSpec = field(default_factory=ExecutionSpec)
+    tokenizer: TokenizerSpec = field(default_factory=TokenizerSpec)
 
     def data_identity(self) -> dict[str, Any]:
         """Everything in the recipe that decides the data (execution knobs excluded).
@@ -96,7 +114,7 @@ class Recipe:
             d = asdict(s)
             d["paths"] = [os.path.relpath(p, base) for p in s.paths]
             sources.append(d)
-        return {
+        identity = {
             "seed": self.seed,
             "lanes": self.lanes,
             "mixture": asdict(self.mixture),
@@ -104,6 +122,9 @@ class Recipe:
             "packing": asdict(self.packing),
             "sources": sources,
         }
+        if self.tokenizer.non_default():  # absent when unset: old digests stay valid
+            identity["tokenizer"] = self.tokenizer.non_default()
+        return identity
 
     def digest(self) -> str:
         blob = json.dumps(self.data_identity(), sort_keys=True).encode()
@@ -283,6 +304,15 @@ def parse_recipe(data: dict[str, Any], file: str) -> Recipe:
     )
     e.finish()
 
+    k = _Table(file, "tokenizer", top.get("tokenizer", dict, {}))
+    tokenizer = TokenizerSpec(
+        eos=k.get("eos", str, ""),
+        bos=k.get("bos", str, ""),
+        pad=k.get("pad", str, ""),
+        add_bos=k.get("add_bos", bool, None),
+    )
+    k.finish()
+
     raw_sources = top.get("source", list, [])
     if not raw_sources:
         raise RecipeError(f"{file}: no [[source]] tables: a recipe needs at least one source")
@@ -307,6 +337,7 @@ def parse_recipe(data: dict[str, Any], file: str) -> Recipe:
         shuffle=shuffle,
         packing=packing,
         execution=execution,
+        tokenizer=tokenizer,
     )
 
 

@@ -23,6 +23,7 @@ FINGERPRINT_FIELDS = (
     "lanes",
     "seed",
     "tokenizer",
+    "tokenizer_choices",  # absent (None) unless the special tokens were configured
     "sources",
     "recipe",
 )

@@ -35,10 +35,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from zephon.batch import Batch, rows_to_batch
 from zephon.digest import rows_digest
-from zephon.errors import DataError, LayoutError, StateError
+from zephon.errors import DataError, LayoutError, StateError, ZephonError
 from zephon.recipe import Recipe, SourceSpec
 from zephon.sources import default_cache_dir as zephon_cache_dir
-from zephon.tokenize import load_tokenizer
+from zephon.tokenize import load_tokenizer, tokenizer_file
 
 LOADER_NAME = "hf"
 STATE_VERSION = 1
@@ -231,7 +231,7 @@ class _RankPackingStream(IterableDataset):
         if self._tokenizer is None:
             from tokenizers import Tokenizer
 
-            self._tokenizer = Tokenizer.from_file(self.tokenizer_path)
+            self._tokenizer = Tokenizer.from_file(tokenizer_file(self.tokenizer_path))
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
     def _part(self) -> Any:
@@ -373,7 +373,13 @@ class HFBaselineLoader:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         # The same tokenizer checks and EOS as Zephon, so the two loaders differ
         # only in how they split, pack and checkpoint.
-        eos_id = load_tokenizer(tokenizer_path).eos_id
+        tok = load_tokenizer(tokenizer_path, recipe.tokenizer, recipe.path)
+        if tok.add_bos:
+            raise ZephonError(
+                f"{recipe.path}: the hf baseline loader does not prepend a beginning-of-text "
+                "token; use --data.loader zephon, or set [tokenizer] add_bos = false"
+            )
+        eos_id = tok.eos_id
 
         from datasets.distributed import split_dataset_by_node
 
