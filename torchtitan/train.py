@@ -26,6 +26,7 @@ from torchtitan.components.checkpoint import (
     read_loader_state,
     resume_step,
 )
+from torchtitan.components.initial_load import initial_model_args, load_initial
 from torchtitan.components.loss import cross_entropy_sum
 from torchtitan.components.lr_scheduler import build_lr_scheduler
 from torchtitan.components.metrics import MetricsLogger, StepMetrics, peak_memory_gib
@@ -34,7 +35,6 @@ from torchtitan.config.job_config import ConfigError, JobConfig, load_job_config
 from torchtitan.datasets.dataloader import TrainDataLoader, check_startup
 from torchtitan.distributed.parallelize import parallelize_model
 from torchtitan.distributed.utils import DistInfo, exit_process, init_distributed
-from torchtitan.models.llama3.args import get_model_args
 from torchtitan.models.llama3.model import Transformer, count_parameters
 from zephon import ZephonError, load_recipe, load_tokenizer
 
@@ -76,9 +76,7 @@ class Trainer:
         torch.manual_seed(t.seed)
 
         tok = load_tokenizer(cfg.data.tokenizer)
-        self.model_args = get_model_args(
-            cfg.model.flavor, vocab_size=tok.vocab_size, attention=cfg.model.attention
-        )
+        self.model_args = initial_model_args(cfg, tok.vocab_size)
         lanes = load_recipe(cfg.data.recipe).lanes if cfg.data.loader == "zephon" else None
         check_startup(cfg, dp, lanes, self.model_args.max_seq_len)
         if cfg.validation.enable:
@@ -109,6 +107,13 @@ class Trainer:
                 f"resumed from step {self.step} on {dp} data-parallel rank(s) "
                 f"({cfg.data.loader} loader)"
             )
+            if cfg.checkpoint.initial_load_path:
+                logger.info(
+                    f"checkpoint.initial_load_path {cfg.checkpoint.initial_load_path} not "
+                    f"loaded: this run's own checkpoint (step {self.step}) wins"
+                )
+        elif cfg.checkpoint.initial_load_path:
+            load_initial(cfg, self.model, self.optimizer, self.model_args)
         self.metrics = (
             MetricsLogger.from_config(cfg.metrics, cfg.job.dump_folder) if self.rank == 0 else None
         )

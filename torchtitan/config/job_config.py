@@ -40,7 +40,10 @@ class Job:
 class Model:
     name: Literal["llama3"] = "llama3"
     flavor: str = "debugmodel"
-    """Key of ``LLAMA3_FLAVORS`` (debugmodel, 1B, 8B)."""
+    """Key of ``LLAMA3_FLAVORS`` (debugmodel, 1B, 8B), or "hf": the shape of a
+    Hugging Face config.json (``hf_config``, else ``checkpoint.initial_load_path``)."""
+    hf_config: str = ""
+    """With flavor "hf": a Hugging Face config.json or its folder."""
     attention: Literal["doc_causal", "causal"] = "doc_causal"
     """doc_causal: attend only within the same packed document; causal: whole row."""
 
@@ -83,7 +86,11 @@ class Checkpoint:
     load_step: int = -1
     """-1 resumes from the latest complete checkpoint, if any."""
     initial_load_path: str = ""
-    """Weights to start from when the run has no checkpoint of its own."""
+    """Weights to start from when the run has no checkpoint of its own: a Hugging
+    Face Llama folder (config.json + safetensors) or a step folder of this trainer.
+    Starts at step 0 with a fresh LR schedule and loader."""
+    initial_load_optimizer: bool = False
+    """Also take the optimizer state from an initial_load_path step folder."""
 
 
 @dataclass

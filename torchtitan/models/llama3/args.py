@@ -31,6 +31,9 @@ class ModelArgs:
     vocab_size: int = 2048
     multiple_of: int = 256
     ffn_dim_multiplier: float | None = None
+    ffn_hidden_size: int | None = None
+    """Explicit SwiGLU width (a Hugging Face config's intermediate_size); None =
+    derived from dim, ffn_dim_multiplier and multiple_of."""
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | None = None
@@ -64,6 +67,8 @@ class ModelArgs:
     def ffn_hidden_dim(self) -> int:
         """SwiGLU width as Llama 3 sizes it: 2/3 of 4*dim (three matrices instead
         of two keep the parameter count), scaled, rounded up to multiple_of."""
+        if self.ffn_hidden_size is not None:
+            return self.ffn_hidden_size
         hidden = int(2 * (4 * self.dim) / 3)
         if self.ffn_dim_multiplier is not None:
             hidden = int(self.ffn_dim_multiplier * hidden)

@@ -1,0 +1,46 @@
+"""Test harness, run under torchrun: build the trainer's FSDP2 model, apply
+`checkpoint.initial_load_path` exactly as the trainer does, and save the logits
+of fixed tokens (rank 0).
+
+    torchrun --nproc-per-node N tests/hf_logits_harness.py TOKENS.pt OUT.pt [--section.field V]...
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from torchtitan.components.initial_load import initial_model_args, load_initial
+from torchtitan.config.job_config import load_job_config
+from torchtitan.distributed.parallelize import parallelize_model
+from torchtitan.distributed.utils import init_distributed
+from torchtitan.models.llama3.model import Transformer
+
+
+def main() -> None:
+    tokens_file, out_file, *argv = sys.argv[1:]
+    cfg = load_job_config(argv)
+    info = init_distributed()
+    tokens = torch.load(tokens_file)
+    args = initial_model_args(cfg, 0)
+    with torch.device("meta"):
+        model = Transformer(args)
+    mesh = init_device_mesh("cpu", (info.world_size,), mesh_dim_names=("dp",))
+    parallelize_model(model, mesh, replace(cfg.training, mixed_precision_param="float32"))
+    model.to_empty(device="cpu")
+    model.init_weights(torch.Generator().manual_seed(0))
+    load_initial(cfg, model, None, args)
+    with torch.no_grad():
+        logits = model(tokens)
+    if info.rank == 0:
+        torch.save(logits, out_file)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
