@@ -33,7 +33,9 @@ def main() -> None:
     parallelize_model(model, mesh, replace(cfg.training, mixed_precision_param="float32"))
     model.to_empty(device="cpu")
     model.init_weights(torch.Generator().manual_seed(0))
-    load_initial(cfg, model, None, args)
+    nbytes = load_initial(cfg, model, None, args)
+    with open(f"{out_file}.bytes{info.rank}", "w") as f:  # what this rank read
+        f.write(str(nbytes))
     with torch.no_grad():
         logits = model(tokens)
     if info.rank == 0:

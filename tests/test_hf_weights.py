@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,8 @@ transformers = pytest.importorskip("transformers")
 
 from train_helpers import REPO, ensure_sample_data, ok, torchrun  # noqa: E402
 
+from torchtitan.components.initial_load import initial_model_args, load_initial  # noqa: E402
+from torchtitan.config.job_config import load_job_config  # noqa: E402
 from torchtitan.models.llama3.hf import (  # noqa: E402
     HFCheckpointError,
     config_from_model_args,
@@ -129,11 +132,17 @@ def test_unsupported_settings_are_refused_by_name(tmp_path: Path) -> None:
 def test_fsdp_load_on_1_and_2_processes(hf_case, tmp_path: Path) -> None:
     folder, ref, tokens = hf_case
     args = ["--model.flavor", "hf", "--checkpoint.initial_load_path", str(folder)]
+    read = {}
     for nproc in (1, 2):
-        got = _harness(nproc, tokens, tmp_path / f"logits{nproc}.pt", *args)
+        out = tmp_path / f"logits{nproc}.pt"
+        got = _harness(nproc, tokens, out, *args)
         diff = float((got - ref).abs().max())
-        print(f"HF -> trainer, {nproc} process(es): max abs logit diff {diff:.2e}")
+        read[nproc] = [int(Path(f"{out}.bytes{r}").read_text()) for r in range(nproc)]
+        print(f"HF -> trainer, {nproc} process(es): max abs logit diff {diff:.2e}, "
+              f"bytes read per rank {read[nproc]}")  # fmt: skip
         assert diff < TOL
+    # Each of 2 ranks reads its half of every tensor, not the whole checkpoint.
+    assert sum(read[2]) >= read[1][0] and max(read[2]) <= 0.51 * read[1][0]
 
 
 def test_trainer_start_export_and_continue(hf_case, tmp_path: Path) -> None:
@@ -156,8 +165,13 @@ def test_trainer_start_export_and_continue(hf_case, tmp_path: Path) -> None:
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert export.returncode == 0, export.stderr
-    trained = _harness(1, tokens, tmp_path / "t.pt", *hf_args, "--checkpoint.initial_load_path",
-                       str(step))  # fmt: skip
+    # The trainer's own step-folder load, in this process (no process group, no FSDP).
+    cfg = load_job_config([*hf_args, "--checkpoint.initial_load_path", str(step)])
+    args = initial_model_args(cfg, VOCAB)
+    model = Transformer(replace(args, attention="causal"))
+    model.init_weights()
+    load_initial(cfg, model, None, args)
+    trained = _logits(model, torch.load(tokens))
     back = transformers.LlamaForCausalLM.from_pretrained(out).eval()
     diff = float((_logits(back, torch.load(tokens)) - trained).abs().max())
     print(f"trainer step-2 -> export -> transformers: max abs logit diff {diff:.2e}")
@@ -166,9 +180,9 @@ def test_trainer_start_export_and_continue(hf_case, tmp_path: Path) -> None:
     # A new data phase from the step folder (optimizer too), then the run's own checkpoint wins.
     phase = [*hf_args, "--checkpoint.initial_load_path", str(tmp_path / "a" / "checkpoint"),
              "--checkpoint.initial_load_optimizer", "true", "--checkpoint.interval", "1"]  # fmt: skip
-    second = ok(torchrun(2, tmp_path / "b", *phase, "--training.steps", "1"))
+    second = ok(torchrun(1, tmp_path / "b", *phase, "--training.steps", "1"))
     assert "initial weights (model and optimizer) from step folder" in second.stdout
     assert "step      1" in second.stdout
-    third = ok(torchrun(2, tmp_path / "b", *phase, "--training.steps", "2"))
+    third = ok(torchrun(1, tmp_path / "b", *phase, "--training.steps", "2"))
     assert "this run's own checkpoint (step 1) wins" in third.stdout
     assert "initial weights" not in third.stdout

@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -119,9 +120,9 @@ def load_initial(cfg: JobConfig, model: torch.nn.Module, optimizer: Any, args: M
             raise CheckpointError(str(exc)) from None
         logger.info(
             f"initial weights from Hugging Face folder {path} "
-            f"(this rank read {nbytes / 2**20:.1f} MiB of tensors)"
+            f"(this rank read {nbytes / 2**20:.2f} MiB of tensors)"
         )
-        return
+        return nbytes
     step = resolve_step_folder(path)
     with_optim = cfg.checkpoint.initial_load_optimizer
     if with_optim:
@@ -132,7 +133,7 @@ def load_initial(cfg: JobConfig, model: torch.nn.Module, optimizer: Any, args: M
     else:
         state = {"train": {"model": get_model_state_dict(model)}}
     try:
-        dcp.load(state, checkpoint_id=step)
+        dcp.load(state, checkpoint_id=step, no_dist=not dist.is_initialized())
     except Exception as exc:  # DCP wraps per-rank failures in its own exception types
         raise CheckpointError(
             f"checkpoint.initial_load_path {step}: cannot load into this model "
@@ -151,6 +152,7 @@ def load_initial(cfg: JobConfig, model: torch.nn.Module, optimizer: Any, args: M
         set_model_state_dict(model, state["train"]["model"])
     what = "model and optimizer" if with_optim else "model"
     logger.info(f"initial weights ({what}) from step folder {step}; starting at step 0")
+    return None
 
 
 def read_step_model(step: str) -> dict[str, torch.Tensor]:

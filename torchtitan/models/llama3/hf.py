@@ -269,12 +269,13 @@ class HFReader:
         """Rows (a range, or indices: read as their covering range) and columns."""
         part = self._file(name).get_slice(name)
         if isinstance(rows, slice):
-            out = part[rows] if len(part.get_shape()) == 1 else part[rows, cols]
-        else:
+            block = part[rows] if len(part.get_shape()) == 1 else part[rows, cols]
+            out = block
+        else:  # q/k rows of this shard: their covering range, then reordered
             lo, hi = int(rows.min()), int(rows.max()) + 1
             block = part[lo:hi] if len(part.get_shape()) == 1 else part[lo:hi, cols]
             out = block[rows - lo]
-        self.bytes_read += out.numel() * out.element_size()
+        self.bytes_read += block.numel() * block.element_size()
         return out
 
     def close(self) -> None:
