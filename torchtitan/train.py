@@ -31,6 +31,7 @@ from torchtitan.components.loss import cross_entropy_sum
 from torchtitan.components.lr_scheduler import build_lr_scheduler
 from torchtitan.components.metrics import MetricsLogger, StepMetrics, peak_memory_gib
 from torchtitan.components.optimizer import build_optimizer
+from torchtitan.components.source_metrics import global_source_counts
 from torchtitan.config.job_config import ConfigError, JobConfig, load_job_config
 from torchtitan.datasets.dataloader import TrainDataLoader, check_startup
 from torchtitan.distributed.parallelize import parallelize_model
@@ -115,7 +116,9 @@ class Trainer:
         elif cfg.checkpoint.initial_load_path:
             load_initial(cfg, self.model, self.optimizer, self.model_args)
         self.metrics = (
-            MetricsLogger.from_config(cfg.metrics, cfg.job.dump_folder) if self.rank == 0 else None
+            MetricsLogger.from_config(cfg.metrics, cfg.job.dump_folder, cfg.to_dict())
+            if self.rank == 0
+            else None
         )
 
     def _build_model(self) -> torch.nn.Module:
@@ -218,11 +221,12 @@ class Trainer:
                 break
             self.step += 1
             digest = self.data.global_digest(batch) if cfg.data.log_batch_digests else None
+            log_now = self.step % cfg.metrics.log_freq == 0 or self.step == steps
+            names = [s.name for s in self.data.loader.recipe.sources]
+            sources = global_source_counts(batch, names, self.device) if log_now else None
             loss, grad_norm = self.train_step(batch)
             step_time = time.perf_counter() - t0
-            if self.metrics is not None and (
-                self.step % cfg.metrics.log_freq == 0 or self.step == steps
-            ):
+            if self.metrics is not None and log_now:
                 self.metrics.log(
                     StepMetrics(
                         step=self.step,
@@ -234,6 +238,8 @@ class Trainer:
                         data_wait_s=data_wait,
                         memory_gib=peak_memory_gib(self.device),
                         digest=digest,
+                        source_tokens=sources[0] if sources else None,
+                        source_docs=sources[1] if sources else None,
                     )
                 )
             if cfg.validation.enable and val_freq > 0 and self.step % val_freq == 0:

@@ -32,6 +32,10 @@ class StepMetrics:
     memory_gib: float | None = None
     digest: str | None = None
     """Hex digest of the global batch, if the loader computes one."""
+    source_tokens: dict[str, int] | None = None
+    """Tokens of the global batch from each source, if the loader counts them."""
+    source_docs: dict[str, int] | None = None
+    """Documents starting in the global batch, per source."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -56,7 +60,23 @@ def format_step(m: StepMetrics) -> str:
         parts.append(f"mem {m.memory_gib:.2f}GiB")
     if m.digest:
         parts.append(f"digest {m.digest[:16]}")
+    if m.source_tokens:
+        total = sum(m.source_tokens.values()) or 1
+        parts.append(
+            "mix " + " ".join(f"{k} {100 * v / total:.0f}%" for k, v in m.source_tokens.items())
+        )
     return " | ".join(parts)
+
+
+def _source_scalars(m: StepMetrics) -> dict[str, float]:
+    out: dict[str, float] = {}
+    total = sum((m.source_tokens or {}).values()) or 1
+    for name, v in (m.source_tokens or {}).items():
+        out[f"source_tokens/{name}"] = v
+        out[f"source_token_share/{name}"] = v / total
+    for name, v in (m.source_docs or {}).items():
+        out[f"source_docs/{name}"] = v
+    return out
 
 
 def peak_memory_gib(device: torch.device) -> float | None:
@@ -83,7 +103,9 @@ class MetricsLogger:
         tb_folder: str | None = None,
         jsonl_path: str | None = None,
         val_jsonl_path: str | None = None,
+        wandb_sink: Any = None,
     ) -> None:
+        self._wandb = wandb_sink  # a WandbSink, or None
         self._tb: Any = None
         if tb_folder:
             # Imported lazily: tensorboard is an optional dependency.
@@ -97,18 +119,26 @@ class MetricsLogger:
         self._val_jsonl_path = val_jsonl_path
 
     @classmethod
-    def from_config(cls, cfg: MetricsConfig, dump_folder: str) -> MetricsLogger:
-        """TensorBoard and JSONL paths are taken relative to ``dump_folder``."""
+    def from_config(
+        cls, cfg: MetricsConfig, dump_folder: str, run_config: dict[str, Any] | None = None
+    ) -> MetricsLogger:
+        """TensorBoard, JSONL and wandb paths are taken relative to ``dump_folder``;
+        ``run_config`` (the job config) is recorded in the wandb run."""
         tb = os.path.join(dump_folder, cfg.save_tb_folder) if cfg.enable_tensorboard else None
         jsonl = os.path.join(dump_folder, cfg.jsonl_file) if cfg.jsonl_file else None
         val = os.path.join(dump_folder, "validation.jsonl") if cfg.jsonl_file else None
-        return cls(tb_folder=tb, jsonl_path=jsonl, val_jsonl_path=val)
+        sink = None
+        if cfg.enable_wandb:
+            from torchtitan.components.wandb_logger import WandbSink
+
+            sink = WandbSink(dump_folder, cfg.wandb_project, run_config)
+        return cls(tb_folder=tb, jsonl_path=jsonl, val_jsonl_path=val, wandb_sink=sink)
 
     def log(self, m: StepMetrics) -> str:
         """Record one step; returns the log line."""
         line = format_step(m)
         logger.info(line)
-        if self._tb is not None:
+        if self._tb is not None or self._wandb is not None:
             scalars = {
                 "loss": m.loss,
                 "grad_norm": m.grad_norm,
@@ -119,8 +149,12 @@ class MetricsLogger:
             }
             if m.memory_gib is not None:
                 scalars["memory_gib"] = m.memory_gib
-            for name, value in scalars.items():
-                self._tb.add_scalar(f"train/{name}", value, m.step)
+            scalars.update(_source_scalars(m))
+            if self._tb is not None:
+                for name, value in scalars.items():
+                    self._tb.add_scalar(f"train/{name}", value, m.step)
+            if self._wandb is not None:
+                self._wandb.log({f"train/{k}": v for k, v in scalars.items()}, m.step)
         if self._jsonl is not None:
             record = {
                 "step": m.step,
@@ -132,6 +166,9 @@ class MetricsLogger:
                 "data_wait_s": m.data_wait_s,
                 "digest": m.digest,
             }
+            if m.source_tokens is not None:  # absent for loaders that do not count
+                record["source_tokens"] = m.source_tokens
+                record["source_docs"] = m.source_docs
             self._jsonl.write(json.dumps(record) + "\n")
             self._jsonl.flush()
         return line
@@ -143,6 +180,8 @@ class MetricsLogger:
         logger.info(line)
         if self._tb is not None:
             self._tb.add_scalar("validation/loss", loss, step)
+        if self._wandb is not None:
+            self._wandb.log({"validation/loss": loss}, step)
         if self._val_jsonl_path:
             # Full precision (the log line shows 4 decimals): experiments compare these.
             with open(self._val_jsonl_path, "a", encoding="utf-8") as f:
@@ -150,6 +189,9 @@ class MetricsLogger:
         return line
 
     def close(self) -> None:
+        if self._wandb is not None:
+            self._wandb.close()
+            self._wandb = None
         if self._tb is not None:
             self._tb.close()
             self._tb = None

@@ -121,6 +121,9 @@ class Metrics:
     """Relative to job.dump_folder."""
     jsonl_file: str = "metrics.jsonl"
     """Per-step JSON lines, relative to job.dump_folder ("" = off)."""
+    enable_wandb: bool = False
+    """Weights & Biases run in <dump_folder>/wandb (WANDB_MODE=offline: no network)."""
+    wandb_project: str = "torchtitan"
 
 
 @dataclass

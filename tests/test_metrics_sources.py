@@ -1,0 +1,87 @@
+"""Per-source counts in the step metrics, and Weights & Biases logging in offline mode."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from torchtitan.components.metrics import MetricsLogger, StepMetrics, format_step
+from torchtitan.components.source_metrics import global_source_counts
+from zephon import Batch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _step(step: int = 1, **kw: object) -> StepMetrics:
+    base: dict = dict(
+        step=step, loss=3.0, grad_norm=1.0, lr=1e-3, tokens=1000, step_time_s=0.5,
+        data_wait_s=0.01, source_tokens={"prose": 700, "code": 300},
+        source_docs={"prose": 9, "code": 2},
+    )  # fmt: skip
+    base.update(kw)
+    return StepMetrics(**base)
+
+
+def test_compact_line_and_full_jsonl(tmp_path: Path) -> None:
+    assert format_step(_step()).endswith("mix prose 70% code 30%")
+    assert "mix" not in format_step(_step(source_tokens=None, source_docs=None))
+    path = tmp_path / "m.jsonl"
+    with MetricsLogger(jsonl_path=str(path)) as ml:
+        ml.log(_step(1))
+        ml.log(_step(2, source_tokens=None, source_docs=None))
+    first, second = (json.loads(x) for x in path.read_text().splitlines())
+    assert first["source_tokens"] == {"prose": 700, "code": 300}
+    assert first["source_docs"] == {"prose": 9, "code": 2}
+    assert "source_tokens" not in second  # loaders that do not count add nothing
+
+
+def test_counts_from_batch_fields() -> None:
+    ids = torch.zeros((2, 4), dtype=torch.int64)
+    batch = Batch(0, ids, ids, ids, [])
+    assert global_source_counts(batch, ["a", "b"], torch.device("cpu")) is None
+    batch.source_tokens = np.array([6, 2], dtype=np.int64)  # the loader's fields
+    batch.source_docs = np.array([3, 1], dtype=np.int64)
+    tokens, docs = global_source_counts(batch, ["a", "b"], torch.device("cpu"))
+    assert (tokens, docs) == ({"a": 6, "b": 2}, {"a": 3, "b": 1})
+    with pytest.raises(ValueError, match="expected \\(3,\\)"):
+        global_source_counts(batch, ["a", "b", "c"], torch.device("cpu"))
+
+
+WANDB_RUN = """
+import sys
+from torchtitan.components.metrics import MetricsLogger, StepMetrics
+from torchtitan.config.job_config import Metrics
+ml = MetricsLogger.from_config(Metrics(enable_wandb=True, jsonl_file=""), sys.argv[1],
+                               {"training": {"steps": 2}})
+for s in (1, 2):
+    ml.log(StepMetrics(step=s, loss=3.0, grad_norm=1.0, lr=1e-3, tokens=100, step_time_s=0.1,
+                       data_wait_s=0.01, source_tokens={"prose": 70, "code": 30},
+                       source_docs={"prose": 3, "code": 1}))
+ml.log_validation(2, 2.5)
+ml.close()
+"""
+
+
+def test_wandb_offline_run_is_written(tmp_path: Path) -> None:
+    pytest.importorskip("wandb")
+    # A subprocess: wandb starts a service process and patches the interpreter.
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    env.pop("WANDB_API_KEY", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", WANDB_RUN, str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1
+    record = runs[0].read_bytes()
+    for key in (b"train/loss", b"train/source_tokens/prose", b"train/source_docs/code",
+                b"validation/loss"):  # fmt: skip
+        assert key in record
