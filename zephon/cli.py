@@ -35,7 +35,7 @@ def _positive(text: str) -> int:
 
 def _shape_args(p: argparse.ArgumentParser, dp: bool = True) -> None:
     p.add_argument("recipe", help="data recipe TOML")
-    p.add_argument("--tokenizer", default=DEFAULT_TOKENIZER, help="tokenizer.json")
+    p.add_argument("--tokenizer", default=DEFAULT_TOKENIZER, help="tokenizer.json or its folder")
     p.add_argument("--seq-len", type=_positive, default=256)
     p.add_argument("--global-batch", type=_positive, default=32, help="rows per step, all ranks")
     if dp:
@@ -50,9 +50,13 @@ def cmd_validate(a: argparse.Namespace) -> int:
     lanes = recipe.lanes
     micro = a.micro_batch or a.global_batch // max(a.dp, 1)
     check_layout(lanes, a.dp, a.global_batch, micro)
-    tok = load_tokenizer(a.tokenizer)
+    tok = load_tokenizer(a.tokenizer, recipe.tokenizer, recipe.path)
+    bos = f", bos {tok.bos_id} prepended" if tok.add_bos else ""
     print(f"recipe    {recipe.path}  (sha256 {recipe.digest()[:16]})")
-    print(f"tokenizer {a.tokenizer}  (vocab {tok.vocab_size}, eos {tok.eos_id}, pad {tok.pad_id})")
+    print(
+        f"tokenizer {a.tokenizer}  (vocab {tok.vocab_size}, eos {tok.eos_id}, pad {tok.pad_id}"
+        f"{bos})"
+    )
     print(
         f"layout    lanes={lanes} dp={a.dp} global_batch={a.global_batch} "
         f"rows/lane/step={a.global_batch // lanes} local_batch={a.global_batch // a.dp} "
