@@ -186,3 +186,21 @@ def test_trainer_start_export_and_continue(hf_case, tmp_path: Path) -> None:
     third = ok(torchrun(1, tmp_path / "b", *phase, "--training.steps", "2"))
     assert "this run's own checkpoint (step 1) wins" in third.stdout
     assert "initial weights" not in third.stdout
+
+
+def test_config_errors_name_the_setting(tmp_path: Path) -> None:
+    from torchtitan.components.checkpoint import CheckpointError
+    from torchtitan.components.initial_load import resolve_step_folder
+    from torchtitan.config.job_config import ConfigError
+
+    _hf_model(tmp_path / "hf", tie=False, vocab=300)
+    cases = {
+        ("--model.flavor", "hf"): "set model.hf_config",
+        ("--checkpoint.initial_load_path", str(tmp_path / "hf")): 'set model.flavor = "hf"',
+        ("--model.flavor", "hf", "--model.hf_config", str(tmp_path / "hf")): "more than the model",
+    }
+    for argv, expected in cases.items():
+        with pytest.raises(ConfigError, match=expected):
+            initial_model_args(load_job_config(list(argv)), VOCAB)
+    with pytest.raises(CheckpointError, match="neither a Hugging Face folder"):
+        resolve_step_folder(str(tmp_path))

@@ -66,9 +66,12 @@ def initial_model_args(cfg: JobConfig, tokenizer_vocab: int) -> ModelArgs:
                 f"checkpoint.initial_load_path {path} is a Hugging Face folder: set "
                 'model.flavor = "hf" to take the model shape from its config.json'
             )
-        return get_model_args(
-            cfg.model.flavor, vocab_size=tokenizer_vocab, attention=cfg.model.attention
-        )
+        try:
+            return get_model_args(
+                cfg.model.flavor, vocab_size=tokenizer_vocab, attention=cfg.model.attention
+            )
+        except ValueError as exc:
+            raise ConfigError(f"model.flavor: {exc}, or 'hf' (shape from a config.json)") from None
     folder = _hf_config_folder(cfg)
     try:
         args = model_args_from_config(folder, attention=cfg.model.attention)

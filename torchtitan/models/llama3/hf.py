@@ -230,7 +230,12 @@ class HFReader:
     """Tensors of a Hugging Face safetensors folder (single file or sharded), read by slice."""
 
     def __init__(self, folder: str):
-        from safetensors import safe_open
+        try:
+            from safetensors import safe_open
+        except ImportError:
+            raise HFCheckpointError(
+                "Hugging Face weights need the safetensors package (pip install -e '.[hf]')"
+            ) from None
 
         self.folder = folder
         index = os.path.join(folder, INDEX_FILE)
