@@ -154,13 +154,15 @@ RECIPE_CASES: dict[str, tuple[str, list[str]]] = {
     ),
     "bad-format": (
         HEADER + SOURCE_A + 'format = "csvx"\n',
-        ["source 'a'.format: expected one of auto, jsonl, parquet, hf_disk, hf; got 'csvx'"],
+        [
+            "source 'a'.format: expected one of auto, jsonl, parquet, hf_disk, hf, tokens; got 'csvx'"
+        ],
     ),
     "unguessable-format": (
         HEADER + '[[source]]\nname = "a"\npath = "recipe.toml"\n',
         [
             "source 'a'.format: cannot guess the format of {dir}/recipe.toml",
-            "set format = one of jsonl, parquet, hf_disk, hf",
+            "set format = one of jsonl, parquet, hf_disk, hf, tokens",
         ],
     ),
     "folder-for-jsonl": (

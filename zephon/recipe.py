@@ -20,7 +20,7 @@ from typing import Any
 
 from zephon.errors import RecipeError
 
-FORMATS = ("jsonl", "parquet", "hf_disk", "hf")
+FORMATS = ("jsonl", "parquet", "hf_disk", "hf", "tokens")
 HF_BUILDERS = ("json", "parquet", "csv", "text", "arrow")
 EXHAUSTION = ("repeat", "stop")
 MIX_UNITS = ("tokens", "documents")
@@ -40,7 +40,7 @@ class SourceSpec:
 
     @property
     def pretokenized(self) -> bool:
-        return bool(self.token_field)
+        return bool(self.token_field) or self.format == "tokens"
 
 
 @dataclass(frozen=True)
@@ -201,6 +201,8 @@ def _guess_format(file: str, where: str, paths: tuple[str, ...]) -> str:
         return "jsonl"
     if first.endswith(".parquet"):
         return "parquet"
+    if first.endswith(".tokens.npy"):
+        return "tokens"
     raise RecipeError(
         f"{file}: {where}.format: cannot guess the format of {first}; "
         f"set format = one of {', '.join(FORMATS)}"
