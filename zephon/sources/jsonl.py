@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -28,7 +29,9 @@ from zephon.sources.storage import ByteObject
 from zephon.sources.values import check_value
 
 SCAN_CHUNK = 4 << 20  # bytes per step of the index scan: bounds its memory
-_WHITESPACE = np.array([9, 10, 11, 12, 13, 32], dtype=np.uint8)  # what bytes.strip() strips
+_IS_BLANK_BYTE = np.zeros(256, dtype=bool)
+_IS_BLANK_BYTE[[9, 10, 11, 12, 13, 32]] = True  # what bytes.strip() strips
+_NON_BLANK = re.compile(rb"[^\t\n\x0b\x0c\r ]")
 
 
 def _chunks(f: Any, size: int = SCAN_CHUNK) -> Iterator[bytes]:
@@ -40,28 +43,32 @@ def scan_lines(chunks: Iterator[bytes], out: Any) -> int:
     """Write (start, end) int64 rows of every non-blank line to `out`; return the count.
 
     A line is blank when it holds only ASCII whitespace (as `bytes.strip()`
-    sees it). Lines may span chunks: the start and "has a non-blank byte" of
-    the unfinished line are carried over.
+    sees it). Only lines that could be blank (short, or starting with
+    whitespace: a JSON record starts with '{') are looked at byte by byte.
+    Lines may span chunks: the unfinished line's start, and whether it has
+    shown a non-blank byte yet, are carried over.
     """
     pos, carry_start, carry_has, count = 0, 0, False, 0
     for chunk in chunks:
         c = np.frombuffer(chunk, dtype=np.uint8)
         nl = np.flatnonzero(c == 10)
-        cum = np.zeros(len(c) + 1, dtype=np.int32)
-        np.cumsum(~np.isin(c, _WHITESPACE), out=cum[1:])
         if len(nl):
             local_starts = np.concatenate([[0], nl[:-1] + 1])
-            has = cum[nl] > cum[local_starts]
-            has[0] |= carry_has
+            maybe_blank = (nl - local_starts < 8) | _IS_BLANK_BYTE[c[local_starts]]
+            maybe_blank[0] = True  # the first line may have begun in an earlier chunk
+            has = np.ones(len(nl), dtype=bool)
+            for i in np.flatnonzero(maybe_blank):
+                found = _NON_BLANK.search(chunk, int(local_starts[i]), int(nl[i])) is not None
+                has[i] = found or (i == 0 and carry_has)
             starts = pos + local_starts
             starts[0] = carry_start
             rows = np.stack([starts, pos + nl], axis=1)[has].astype("<i8")
             out.write(rows.tobytes())
             count += len(rows)
             carry_start = pos + int(nl[-1]) + 1
-            carry_has = bool(cum[-1] > cum[nl[-1] + 1])
+            carry_has = _NON_BLANK.search(chunk, int(nl[-1]) + 1) is not None
         else:
-            carry_has = carry_has or bool(cum[-1] > 0)
+            carry_has = carry_has or _NON_BLANK.search(chunk) is not None
         pos += len(c)
     if carry_has:
         out.write(np.array([[carry_start, pos]], dtype="<i8").tobytes())

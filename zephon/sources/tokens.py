@@ -72,8 +72,8 @@ class NpyArray:
 class TokenArrayFile:
     def __init__(self, obj: ByteObject, storage: dict[str, Any] | None = None):
         self.path = obj.url
-        self.tokens = NpyArray(obj)
         self.offsets_path = offsets_path(obj.url)
+        self.tokens = NpyArray(obj)
         try:
             off_obj = open_object(self.offsets_path, storage)
         except DataError:
