@@ -24,6 +24,7 @@ FINGERPRINT_FIELDS = (
     "seed",
     "tokenizer",
     "sources",
+    "remote",  # ETag (or size and mtime) of each remote file; absent for local data
     "recipe",
 )
 

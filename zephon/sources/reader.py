@@ -15,30 +15,39 @@ import numpy as np
 from zephon.errors import DataError
 from zephon.recipe import SourceSpec
 from zephon.sources.cache import default_cache_dir
-from zephon.sources.storage import open_object
+from zephon.sources.storage import ByteObject, is_remote, open_object
 
 
 class SourceReader:
-    def __init__(
-        self,
-        spec: SourceSpec,
-        cache_dir: str | None = None,
-        storage: dict[str, Any] | None = None,
-    ):
+    def __init__(self, spec: SourceSpec, cache_dir: str | None = None):
         self.spec = spec
         cache = cache_dir or default_cache_dir()
+        storage = spec.storage_options
+
+        def objects() -> list[ByteObject]:
+            return [open_object(p, storage, cache) for p in spec.paths]
+
+        if spec.format in ("hf", "hf_disk") and any(is_remote(p) for p in spec.paths):
+            raise DataError(
+                f"source '{spec.name}': format '{spec.format}' reads local files only; "
+                "remote sources need format jsonl, parquet or tokens"
+            )
+        self.objects: list[ByteObject] = []
         if spec.format == "jsonl":
             from zephon.sources.jsonl import JsonlFile
 
-            parts: list[Any] = [JsonlFile(open_object(p, storage), spec, cache) for p in spec.paths]
+            self.objects = objects()
+            parts: list[Any] = [JsonlFile(o, spec, cache) for o in self.objects]
         elif spec.format == "parquet":
             from zephon.sources.parquet import ParquetFile
 
-            parts = [ParquetFile(open_object(p, storage), spec) for p in spec.paths]
+            self.objects = objects()
+            parts = [ParquetFile(o, spec) for o in self.objects]
         elif spec.format == "tokens":
             from zephon.sources.tokens import TokenArrayFile
 
-            parts = [TokenArrayFile(open_object(p, storage), storage) for p in spec.paths]
+            self.objects = objects()
+            parts = [TokenArrayFile(o, storage, cache) for o in self.objects]
         elif spec.format == "hf_disk":
             from zephon.sources.hf import HFDataset
 
@@ -55,6 +64,11 @@ class SourceReader:
             raise DataError(
                 f"source '{spec.name}': no documents in {', '.join(spec.paths)} (empty source)"
             )
+
+    def remote_versions(self) -> dict[str, str]:
+        """URL -> ETag (or size and mtime) of every remote file: for the fingerprint."""
+        objs = list(self.objects) + [p.offsets.obj for p in self.parts if hasattr(p, "offsets")]
+        return {o.url: str(o.identity()[1]) for o in objs if is_remote(o.url)}
 
     def read_range(self, start: int, end: int) -> list[Any]:
         """Values of documents [start, end), in file order."""

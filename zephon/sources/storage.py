@@ -54,10 +54,12 @@ class LocalObject:
         return open(self.url, "rb")
 
 
-def open_object(path: str, storage: dict[str, Any] | None = None) -> ByteObject:
-    """The byte object of a local path or a remote URL."""
+def open_object(
+    path: str, storage: dict[str, Any] | None = None, cache_dir: str | None = None
+) -> ByteObject:
+    """The byte object of a local path or a remote URL (fsspec `storage` options)."""
     if is_remote(path):
         from zephon.sources.remote import RemoteObject
 
-        return RemoteObject(path, storage or {})
+        return RemoteObject(path, storage or {}, cache_dir)
     return LocalObject(path)

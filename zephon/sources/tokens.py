@@ -70,12 +70,14 @@ class NpyArray:
 
 
 class TokenArrayFile:
-    def __init__(self, obj: ByteObject, storage: dict[str, Any] | None = None):
+    def __init__(
+        self, obj: ByteObject, storage: dict[str, Any] | None = None, cache_dir: str | None = None
+    ):
         self.path = obj.url
         self.offsets_path = offsets_path(obj.url)
         self.tokens = NpyArray(obj)
         try:
-            off_obj = open_object(self.offsets_path, storage)
+            off_obj = open_object(self.offsets_path, storage, cache_dir)
         except DataError:
             raise DataError(
                 f"{self.path}: its document offsets file {self.offsets_path} is missing"
