@@ -101,6 +101,7 @@ class RemoteObject:
         self.url = url
         fs_options, limit_gb = split_options(options)
         self.fs, self.path = filesystem(url, fs_options)
+        self.fs.invalidate_cache(self.path)  # a listing cached by the glob may be stale
         info = retry(url, "reading metadata", lambda: self.fs.info(self.path))
         if info.get("type") == "directory":
             raise DataError(f"{url}: is a folder; expected a file")
@@ -174,7 +175,8 @@ class RemoteObject:
         return blob[start : start + (end - offset)]
 
     def open(self) -> io.BufferedReader:
-        return io.BufferedReader(_RangeFile(self), buffer_size=CHUNK)
+        # Small buffer: Parquet footers and gzip seeks read little; big reads bypass it.
+        return io.BufferedReader(_RangeFile(self), buffer_size=1 << 20)
 
 
 class _RangeFile(io.RawIOBase):
