@@ -100,8 +100,13 @@ class GzipRandomAccess:
 
         if self._file is None:
             self._raw = self.obj.open()
+            # A small read-ahead buffer: a block read is one seek and one large read,
+            # and the default (4 x SPACING) would decompress megabytes nobody asked for.
             self._file = indexed_gzip.IndexedGzipFile(
-                fileobj=self._raw, index_file=self.seek_points, auto_build=False
+                fileobj=self._raw,
+                index_file=self.seek_points,
+                auto_build=False,
+                buffer_size=1 << 16,
             )
         return self._file
 
