@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import os
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -52,14 +53,15 @@ def test_scan_matches_a_line_split_for_any_chunk_size(chunk: int) -> None:
 def _build(recipe: str, cache: str, log: str, barrier: multiprocessing.synchronize.Barrier) -> None:
     from zephon.sources import jsonl
 
-    original = jsonl.JsonlFile._build_index
+    original = jsonl._Index._build
 
-    def counted(self: jsonl.JsonlFile) -> None:
+    def counted(self: jsonl._Index) -> None:
         with open(log, "a") as f:
-            f.write(f"{os.getpid()} {os.path.basename(self.origin)}\n")
+            f.write(f"{os.getpid()} {os.path.basename(self.obj.url)}\n")
+        time.sleep(0.5)  # a slow build: the others must wait for it, or index another file
         original(self)
 
-    jsonl.JsonlFile._build_index = counted  # type: ignore[method-assign]
+    jsonl._Index._build = counted  # type: ignore[method-assign]
     spec = load_recipe(recipe).sources[0]
     barrier.wait()
     reader = SourceReader(spec, cache)
@@ -83,8 +85,9 @@ def test_concurrent_processes_build_each_index_once(tmp_path: Path) -> None:
     for p in procs:
         p.join(60)
     assert [p.exitcode for p in procs] == [0] * 4
-    builds = sorted(line.split()[1] for line in log.read_text().splitlines())
-    assert builds == ["a.jsonl", "b.jsonl.gz"]  # one build per file, the others waited
+    builds = dict(reversed(line.split()) for line in log.read_text().splitlines())
+    assert sorted(builds) == ["a.jsonl", "b.jsonl.gz"]  # one build per file, the others waited
+    assert builds["a.jsonl"] != builds["b.jsonl.gz"]  # built by two processes in parallel
 
 
 def test_gzip_is_read_through_seek_points_not_a_copy(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 T = TypeVar("T")
 
@@ -62,16 +62,24 @@ def temp_path(dest: str) -> str:
     return tmp
 
 
-def build_once(cache_dir: str, key: str, outputs: list[str], build: Callable[[], None]) -> None:
+def build_once(
+    cache_dir: str, key: str, outputs: list[str], build: Callable[[], None], wait: bool = True
+) -> bool:
     """Run `build` (which writes every path in `outputs`) unless they all exist.
 
     Concurrent callers on one node (ranks, worker processes) serialise on a
     lock file: the first builds, the others wait and then find the outputs.
+    With wait=False a caller that finds the lock taken returns False at once
+    (to build another file meanwhile); otherwise the outputs exist on return.
     """
     if all(os.path.exists(p) for p in outputs):
-        return
+        return True
     lock_dir = os.path.join(cache_dir, "locks")
     os.makedirs(lock_dir, exist_ok=True)
-    with FileLock(os.path.join(lock_dir, key + ".lock")):
-        if not all(os.path.exists(p) for p in outputs):
-            build()
+    try:
+        with FileLock(os.path.join(lock_dir, key + ".lock"), timeout=-1 if wait else 0):
+            if not all(os.path.exists(p) for p in outputs):
+                build()
+    except Timeout:
+        return False
+    return True

@@ -88,24 +88,31 @@ def _write_npy(dest: str, raw_path: str, count: int) -> None:
     atomic_write(dest, write)
 
 
-class JsonlFile:
-    def __init__(self, obj: ByteObject, spec: SourceSpec, cache_dir: str):
-        self.obj, self.origin, self.spec = obj, obj.url, spec
+def build_indexes(objs: list[ByteObject], cache_dir: str) -> None:
+    """Index files not indexed yet, skipping those another process is indexing.
+
+    Ranks that start together thus index different files in parallel; the
+    JsonlFile constructors then wait for whatever is still being built.
+    """
+    for obj in objs:
+        _Index(obj, cache_dir).build(wait=False)
+
+
+class _Index:
+    """Where a file's line index (and gzip seek points) live in the cache."""
+
+    def __init__(self, obj: ByteObject, cache_dir: str):
+        self.obj, self.cache_dir = obj, cache_dir
         self.gzip = obj.url.endswith(".gz")
-        key = cache_key(*obj.identity())
-        self.index_path = os.path.join(cache_dir, "index", key + ".npy")
-        self.seek_path = os.path.join(cache_dir, "gzindex", key + ".gzidx")
+        self.key = cache_key(*obj.identity())
+        self.index_path = os.path.join(cache_dir, "index", self.key + ".npy")
+        self.seek_path = os.path.join(cache_dir, "gzindex", self.key + ".gzidx")
+
+    def build(self, wait: bool = True) -> bool:
         outputs = [self.index_path] + ([self.seek_path] if self.gzip else [])
-        build_once(cache_dir, key, outputs, self._build_index)
-        rows = np.load(self.index_path, mmap_mode="r") if self._nonempty() else np.zeros((0, 2))
-        self.starts, self.ends = rows[:, 0], rows[:, 1]
-        self.bytes: Any = GzipRandomAccess(obj, self.seek_path) if self.gzip else obj
+        return build_once(self.cache_dir, self.key, outputs, self._build, wait)
 
-    def _nonempty(self) -> bool:
-        # numpy cannot memory-map the zero bytes of an empty array
-        return os.path.getsize(self.index_path) > 128
-
-    def _build_index(self) -> None:
+    def _build(self) -> None:
         cache = os.path.dirname(self.index_path)
         os.makedirs(cache, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=cache, prefix=".tmp-raw-") as raw:
@@ -116,6 +123,21 @@ class JsonlFile:
                     count = scan_lines(_chunks(f), raw)
             raw.flush()
             _write_npy(self.index_path, raw.name, count)
+
+
+class JsonlFile:
+    def __init__(self, obj: ByteObject, spec: SourceSpec, cache_dir: str):
+        self.obj, self.origin, self.spec = obj, obj.url, spec
+        index = _Index(obj, cache_dir)
+        index.build()
+        self.gzip, self.index_path, self.seek_path = index.gzip, index.index_path, index.seek_path
+        rows = np.load(self.index_path, mmap_mode="r") if self._nonempty() else np.zeros((0, 2))
+        self.starts, self.ends = rows[:, 0], rows[:, 1]
+        self.bytes: Any = GzipRandomAccess(obj, self.seek_path) if self.gzip else obj
+
+    def _nonempty(self) -> bool:
+        # numpy cannot memory-map the zero bytes of an empty array
+        return os.path.getsize(self.index_path) > 128
 
     def _stream(self) -> Iterator[bytes]:
         if self.gzip:

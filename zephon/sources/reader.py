@@ -34,9 +34,10 @@ class SourceReader:
             )
         self.objects: list[ByteObject] = []
         if spec.format == "jsonl":
-            from zephon.sources.jsonl import JsonlFile
+            from zephon.sources.jsonl import JsonlFile, build_indexes
 
             self.objects = objects()
+            build_indexes(self.objects, cache)
             parts: list[Any] = [JsonlFile(o, spec, cache) for o in self.objects]
         elif spec.format == "parquet":
             from zephon.sources.parquet import ParquetFile
