@@ -227,3 +227,25 @@ def test_faulty_server_is_survived_by_retries(
         proxy.close()
     assert sum(proxy.faults.values()) >= 5, (proxy.requests, proxy.faults)
     assert all(proxy.faults.values()), proxy.faults  # every kind of fault happened
+
+
+def test_a_server_that_keeps_failing_gives_one_error_naming_the_url(
+    s3: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(remote, "ATTEMPTS", 2)
+    monkeypatch.setattr(remote, "BACKOFF_S", 0.01)
+    host, port = s3["endpoint"].removeprefix("http://").split(":")
+    proxy = FaultyProxy((host, int(port)), rate=1.0, seed=1)
+    try:
+        spec = load_recipe(s3_recipe(s3, tmp_path)).sources[0]
+        options = {
+            "endpoint_url": proxy.endpoint,
+            "config_kwargs": {"retries": {"max_attempts": 1}},
+        }
+        failing = spec.__class__(**{**spec.__dict__, "storage": json.dumps(options)})
+        with pytest.raises(DataError) as info:
+            SourceReader(failing, str(tmp_path / "cache"))
+    finally:
+        proxy.close()
+    msg = str(info.value)
+    assert msg.startswith(f"s3://{BUCKET}/corpus/prose/a.jsonl: ") and "after 2 attempts" in msg

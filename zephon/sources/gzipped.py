@@ -40,7 +40,9 @@ def _error(url: str, exc: BaseException) -> DataError:
 def _check_complete(obj: ByteObject, total: int) -> None:
     """Raise unless `total` decompressed bytes is all the file holds."""
     if obj.size >= 18:  # smallest gzip member: 10-byte header, 2-byte block, 8-byte trailer
-        (isize,) = struct.unpack("<I", obj.pread(obj.size - 4, 4))
+        with obj.open() as f:  # not pread: a remote pread fetches a whole cache piece
+            f.seek(obj.size - 4)
+            (isize,) = struct.unpack("<I", f.read(4))
         if isize == total % (1 << 32):
             return
     # Several members, or a damaged file: let Python's gzip decide.
