@@ -96,6 +96,24 @@ def glob(pattern: str, options: dict[str, Any]) -> list[str]:
     return sorted(f"{protocol}://{p}" for p in found)
 
 
+def content_version(info: dict[str, Any], size: int) -> str:
+    """What identifies an object's content in a store's metadata: its ETag (S3),
+    generation or hash (GCS), blob id or LFS hash (Hugging Face Hub), else size
+    and modification time."""
+    lfs = info.get("lfs") if isinstance(info.get("lfs"), dict) else {}
+    for key, value in (
+        ("etag", info.get("ETag") or info.get("etag")),
+        ("generation", info.get("generation")),
+        ("md5", info.get("md5Hash")),
+        ("sha256", lfs.get("sha256")),
+        ("blob", info.get("blob_id")),
+    ):
+        if value:
+            return f"{key}:{str(value).strip(chr(34))}"
+    mtime = info.get("LastModified") or info.get("mtime") or info.get("last_modified")
+    return f"size:{size}|mtime:{mtime}"
+
+
 class RemoteObject:
     def __init__(self, url: str, options: dict[str, Any], cache_dir: str | None = None):
         self.url = url
@@ -106,10 +124,7 @@ class RemoteObject:
         if info.get("type") == "directory":
             raise DataError(f"{url}: is a folder; expected a file")
         self.size = int(info["size"])
-        etag = info.get("ETag") or info.get("etag")
-        mtime = info.get("LastModified") or info.get("mtime") or info.get("last_modified")
-        quote = '"'
-        self.version = f"etag:{str(etag).strip(quote)}" if etag else f"size:{self.size}|{mtime}"
+        self.version = content_version(info, self.size)
         self.cache_dir = os.path.join(cache_dir or default_cache_dir(), "remote")
         self.limit = int(limit_gb * (1 << 30))
         self.key = cache_key(url, self.version)
