@@ -12,6 +12,7 @@ import os
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -165,3 +166,36 @@ def test_token_array_layout_errors_name_the_file(tmp_path: Path, tokenizer_path:
         for _ in range(20):
             loader.next_batch()
     loader.close()
+
+
+def test_parquet_token_lists_are_checked_without_per_token_python(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [[1, 2, 3], [4], [], [5, 6]] * 5
+    recipe = tmp_path / "r.toml"
+
+    def first_error(values: list[Any], name: str) -> str:
+        pq.write_table(
+            pa.table({"ids": pa.array(values, type=pa.list_(pa.int64()))}),
+            tmp_path / f"{name}.parquet",
+            row_group_size=6,
+        )
+        recipe.write_text(f'[[source]]\nname = "p"\npath = "{name}.parquet"\ntoken_field = "ids"\n')
+        reader = SourceReader(load_recipe(recipe).sources[0], str(tmp_path / "cache"))
+        with pytest.raises(DataError) as info:
+            reader.read_range(0, reader.num_docs)
+        return str(info.value)
+
+    negative = [list(r) for r in rows]
+    negative[13] = [7, -2]
+    msg = first_error(negative, "neg")
+    assert "neg.parquet: row 13: field 'ids' must be a list of non-negative token ids" in msg
+    assert "got -2 at index 1" in msg
+    nulls = [list(r) for r in rows]
+    nulls[8] = None
+    assert "null.parquet: row 8: field 'ids'" in first_error(nulls, "null")
+    pq.write_table(pa.table({"ids": ["a", "b"]}), tmp_path / "text.parquet")
+    recipe.write_text('[[source]]\nname = "p"\npath = "text.parquet"\ntoken_field = "ids"\n')
+    with pytest.raises(DataError, match=r"column 'ids' must be a list of non-negative token ids"):
+        SourceReader(load_recipe(recipe).sources[0], str(tmp_path / "cache"))

@@ -68,7 +68,11 @@ def cmd_validate(a: argparse.Namespace) -> int:
         plan = SourcePlan(
             s.name, reader.num_docs, lanes, recipe.shuffle.block_size, recipe.seed, True
         )
-        kind = f"pretokenized '{s.token_field}'" if s.pretokenized else f"text '{s.text_field}'"
+        kind = (
+            f"pretokenized '{s.token_field or 'token arrays'}'"
+            if s.pretokenized
+            else f"text '{s.text_field}'"
+        )
         blocks = (
             "fewer documents than lanes: each lane walks all of them per epoch"
             if plan.per_lane_walk
