@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zephon.errors import RecipeError
+from zephon.errors import RecipeError, ZephonError
 
 FORMATS = ("jsonl", "parquet", "hf_disk", "hf", "tokens")
 HF_BUILDERS = ("json", "parquet", "csv", "text", "arrow")
@@ -189,7 +189,6 @@ def _resolve_paths(
     found: list[str] = []
     for pattern in patterns:
         if _is_url(pattern):
-            from zephon.errors import ZephonError
             from zephon.sources.remote import glob as remote_glob
 
             try:
