@@ -82,7 +82,7 @@ RECIPE_CASES: dict[str, tuple[str, list[str]]] = {
         HEADER + SOURCE_A + '[packign]\nalgorithm = "concat"\n',
         [
             "[recipe file] has unknown key(s): packign",
-            "expected only: execution, mixture, packing, recipe, shuffle, source",
+            "expected only: execution, mixture, packing, recipe, shuffle, source, storage",
         ],
     ),
     "unknown-packing-key": (
@@ -154,13 +154,15 @@ RECIPE_CASES: dict[str, tuple[str, list[str]]] = {
     ),
     "bad-format": (
         HEADER + SOURCE_A + 'format = "csvx"\n',
-        ["source 'a'.format: expected one of auto, jsonl, parquet, hf_disk, hf; got 'csvx'"],
+        [
+            "source 'a'.format: expected one of auto, jsonl, parquet, hf_disk, hf, tokens; got 'csvx'"
+        ],
     ),
     "unguessable-format": (
         HEADER + '[[source]]\nname = "a"\npath = "recipe.toml"\n',
         [
             "source 'a'.format: cannot guess the format of {dir}/recipe.toml",
-            "set format = one of jsonl, parquet, hf_disk, hf",
+            "set format = one of jsonl, parquet, hf_disk, hf, tokens",
         ],
     ),
     "folder-for-jsonl": (
@@ -318,15 +320,6 @@ def case_only_blank_lines(d: Path, tok: TokenizerInfo) -> Case:
     return "", path, DataError, [f"source 'a': no documents in {path} (empty source)"]
 
 
-def case_fewer_docs_than_lanes(d: Path, tok: TokenizerInfo) -> Case:
-    path = write_lines(d / "bad.jsonl", good_lines(1))
-    expected = [
-        "source 'a' has 1 documents but the recipe has 2 lanes",
-        "use fewer lanes or more data",
-    ]
-    return "", path, LayoutError, expected
-
-
 def case_corrupt_gzip(d: Path, tok: TokenizerInfo) -> Case:
     path = d / "bad.jsonl.gz"
     path.write_bytes(gzip.compress(b"\n".join(good_lines(20)))[:60])
@@ -385,7 +378,6 @@ DATA_CASES: dict[str, Callable[[Path, TokenizerInfo], Case]] = {
         case_custom_text_field,
         case_empty_file,
         case_only_blank_lines,
-        case_fewer_docs_than_lanes,
         case_corrupt_gzip,
         case_token_out_of_vocab,
         case_negative_token_id,
@@ -692,8 +684,6 @@ def test_cli_errors_in_process(
     """More failures through cli.main: each is one `error:` line naming what is wrong."""
     good = folder / "recipe.toml"
     good.write_text(HEADER + SOURCE_A)
-    write_lines(folder / "one.jsonl", good_lines(1))
-    (folder / "small.toml").write_text(HEADER + '[[source]]\nname = "a"\npath = "one.jsonl"\n')
     write_lines(folder / "bad.jsonl", good_lines(6) + [b"{oops"] + good_lines(6))
     (folder / "badline.toml").write_text(HEADER + '[[source]]\nname = "a"\npath = "bad.jsonl"\n')
     not_json = folder / "not-json.json"
@@ -707,7 +697,6 @@ def test_cli_errors_in_process(
         (["validate", str(folder)], f"{folder}: cannot read the recipe file"),
         (["validate", str(good), "--dp", "3", *tok], "exceeds the lane count 2"),
         (["validate", str(good), "--global-batch", "3", *tok], "not divisible by the lane"),
-        (["validate", str(folder / "small.toml"), *tok], "has 1 documents but the recipe has 2"),
         (["validate", str(good), "--tokenizer", str(folder / "none.json")], "none.json"),
         (["preview", str(good), "--lane", "5", *tok], "--lane 5 is outside [0, 2)"),
         (["hash", str(good), "--seq-len", "0", *tok], "--seq-len: expected an integer >= 1"),

@@ -64,7 +64,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory, tok: TokenizerInfo) -> dict
     import datasets
 
     root = tmp_path_factory.mktemp("formats")
-    for sub in ("jsonl", "gz", "parquet", "hf_disk", "ids", "ids_parquet"):
+    for sub in ("jsonl", "gz", "parquet", "hf_disk", "ids", "ids_parquet", "tokens"):
         (root / sub).mkdir()
     ids = [e.ids for e in tok.tokenizer.encode_batch(DOCS, add_special_tokens=False)]
     for k, (chunk, id_chunk) in enumerate(zip(parts(DOCS), parts(ids), strict=True)):
@@ -80,6 +80,11 @@ def corpus(tmp_path_factory: pytest.TempPathFactory, tok: TokenizerInfo) -> dict
                 f.write(json.dumps({"ids": x, "note": "pretokenized"}) + "\n")
         ids_table = pa.table({"ids": pa.array(id_chunk, type=pa.list_(pa.int32()))})
         pq.write_table(ids_table, root / "ids_parquet" / f"part-{k:02d}.parquet", row_group_size=7)
+        # token arrays: uint16 for two files, uint32 for the third (both are accepted)
+        flat = np.array([t for x in id_chunk for t in x], dtype=np.uint32 if k == 2 else np.uint16)
+        np.save(root / "tokens" / f"part-{k:02d}.tokens.npy", flat)
+        offsets = np.concatenate([[0], np.cumsum([len(x) for x in id_chunk])]).astype(np.int64)
+        np.save(root / "tokens" / f"part-{k:02d}.offsets.npy", offsets)
     return {
         "jsonl": write_recipe(root, "jsonl", 'path = "jsonl/*.jsonl"\n'),
         "gzip": write_recipe(root, "gzip", 'path = "gz/*.jsonl.gz"\n'),
@@ -97,6 +102,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory, tok: TokenizerInfo) -> dict
         "ids_parquet": write_recipe(
             root, "ids_parquet", 'path = "ids_parquet/*.parquet"\ntoken_field = "ids"\n'
         ),
+        "tokens": write_recipe(root, "tokens", 'path = "tokens/*.tokens.npy"\n'),
     }
 
 
@@ -157,15 +163,21 @@ def test_pretokenized_source_gives_the_rows_of_its_text(
     corpus: dict[str, Path], tok: TokenizerInfo
 ) -> None:
     ids = [e.ids for e in tok.tokenizer.encode_batch(DOCS, add_special_tokens=False)]
-    for name in ("ids_jsonl", "ids_parquet"):
+    for name in ("ids_jsonl", "ids_parquet", "tokens"):
         spec = load_recipe(corpus[name]).sources[0]
-        assert spec.pretokenized and spec.token_field == "ids"
+        assert spec.pretokenized
+        assert spec.format == "tokens" if name == "tokens" else spec.token_field == "ids"
         r = reader(corpus[name])
         for a, b in RANGES:
-            assert r.read_range(a, b) == ids[a:b], (name, a, b)
+            got = r.read_range(a, b)
+            assert [[int(t) for t in x] for x in got] == ids[a:b], (name, a, b)
+            if name != "ids_jsonl":  # Arrow lists and token arrays stay numpy arrays
+                assert all(isinstance(x, np.ndarray) for x in got)
     reference = digests(corpus["jsonl"], tok)
     assert digests(corpus["ids_jsonl"], tok) == reference
     assert digests(corpus["ids_parquet"], tok, num_workers=2) == reference
+    assert digests(corpus["tokens"], tok) == reference
+    assert digests(corpus["tokens"], tok, num_workers=2, prefetch=2) == reference
 
 
 def test_jsonl_index_is_cached_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -184,8 +196,11 @@ def test_jsonl_index_is_cached_and_reused(tmp_path: Path, monkeypatch: pytest.Mo
     first = [SourceReader(s, str(cache)) for s in specs]
     index_files = sorted(os.listdir(cache / "index"))
     assert len(index_files) == 6 and all(f.endswith(".npy") for f in index_files)
-    assert len(os.listdir(cache / "gunzip")) == 3  # gzip is decompressed once
+    # gzip: seek points for random access, no decompressed copy
+    assert len(os.listdir(cache / "gzindex")) == 3 and not (cache / "gunzip").exists()
     assert not [f for f in os.listdir(cache / "index") if f.startswith(".tmp-")]
+    # the index is memory-mapped, not loaded
+    assert all(isinstance(p.starts.base, np.memmap) for r in first for p in r.parts)
 
     def no_rescan(*args: Any, **kw: Any) -> Any:
         raise AssertionError("the JSONL index was rebuilt instead of read from the cache")

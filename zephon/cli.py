@@ -72,11 +72,19 @@ def cmd_validate(a: argparse.Namespace) -> int:
         plan = SourcePlan(
             s.name, reader.num_docs, lanes, recipe.shuffle.block_size, recipe.seed, True
         )
-        kind = f"pretokenized '{s.token_field}'" if s.pretokenized else f"text '{s.text_field}'"
+        kind = (
+            f"pretokenized '{s.token_field or 'token arrays'}'"
+            if s.pretokenized
+            else f"text '{s.text_field}'"
+        )
+        blocks = (
+            "fewer documents than lanes: each lane walks all of them per epoch"
+            if plan.per_lane_walk
+            else f"{plan.num_blocks} blocks of {plan.block_size}"
+        )
         print(
             f"  {s.name}: {s.format}, {len(s.paths)} file(s), {reader.num_docs} docs, {kind}, "
-            f"weight {s.weight / total_w:.3f}, on_exhausted={s.on_exhausted}, "
-            f"{plan.num_blocks} blocks of {plan.block_size}"
+            f"weight {s.weight / total_w:.3f}, on_exhausted={s.on_exhausted}, {blocks}"
         )
     p = recipe.packing
     print(

@@ -115,6 +115,9 @@ class ZephonLoader:
             "lanes": lanes,
             "seed": self.recipe.seed,
         }
+        remote = {u: v for r in readers for u, v in r.remote_versions().items()}
+        if remote:  # only for remote sources, so local fingerprints stay as they were
+            self.fingerprint["remote"] = remote
         self.traces: dict[int, list[tuple[int, int]]] | None = (
             {lane: [] for lane in self.lane_ids} if trace else None
         )

@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zephon.errors import RecipeError
+from zephon.errors import RecipeError, ZephonError
 
-FORMATS = ("jsonl", "parquet", "hf_disk", "hf")
+FORMATS = ("jsonl", "parquet", "hf_disk", "hf", "tokens")
 HF_BUILDERS = ("json", "parquet", "csv", "text", "arrow")
 EXHAUSTION = ("repeat", "stop")
 MIX_UNITS = ("tokens", "documents")
@@ -37,10 +37,17 @@ class SourceSpec:
     weight: float = 1.0
     on_exhausted: str = "repeat"
     hf_builder: str = "json"  # for format = "hf"
+    # fsspec options for remote paths, as JSON ([storage] merged with the source's
+    # storage_options). How the data is reached, not what it is: kept out of the digest.
+    storage: str = ""
 
     @property
     def pretokenized(self) -> bool:
-        return bool(self.token_field)
+        return bool(self.token_field) or self.format == "tokens"
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        return json.loads(self.storage) if self.storage else {}
 
 
 @dataclass(frozen=True)
@@ -112,7 +119,8 @@ class Recipe:
         sources = []
         for s in self.sources:
             d = asdict(s)
-            d["paths"] = [os.path.relpath(p, base) for p in s.paths]
+            del d["storage"]
+            d["paths"] = [p if _is_url(p) else os.path.relpath(p, base) for p in s.paths]
             sources.append(d)
         identity = {
             "seed": self.seed,
@@ -187,13 +195,33 @@ class _Table:
             )
 
 
-def _resolve_paths(file: str, where: str, raw: str | list[str], fmt: str) -> tuple[str, ...]:
+def _is_url(path: str) -> bool:
+    """A remote URL (`s3://...`, read through fsspec); `file://` counts as local."""
+    return "://" in path and not path.startswith("file://")
+
+
+def _resolve_paths(
+    file: str, where: str, raw: str | list[str], fmt: str, storage: dict[str, Any]
+) -> tuple[str, ...]:
     base = os.path.dirname(os.path.abspath(file))
     patterns = [raw] if isinstance(raw, str) else raw
     if not patterns or not all(isinstance(p, str) and p for p in patterns):
         raise RecipeError(f"{file}: {where}.path: expected a path or a list of paths")
     found: list[str] = []
     for pattern in patterns:
+        if _is_url(pattern):
+            from zephon.sources.remote import glob as remote_glob
+
+            try:
+                urls = remote_glob(pattern, storage)
+            except ZephonError as exc:
+                raise RecipeError(f"{file}: {where}.path: {exc}") from None
+            if not urls:
+                raise RecipeError(f"{file}: {where}.path: {pattern!r} matches nothing")
+            found.extend(urls)
+            continue
+        if pattern.startswith("file://"):
+            pattern = pattern[len("file://") :]
         full = os.path.normpath(os.path.join(base, os.path.expanduser(pattern)))
         matches = sorted(glob.glob(full)) if glob.has_magic(full) else [full]
         matches = [m for m in matches if os.path.exists(m)]
@@ -222,13 +250,17 @@ def _guess_format(file: str, where: str, paths: tuple[str, ...]) -> str:
         return "jsonl"
     if first.endswith(".parquet"):
         return "parquet"
+    if first.endswith(".tokens.npy"):
+        return "tokens"
     raise RecipeError(
         f"{file}: {where}.format: cannot guess the format of {first}; "
         f"set format = one of {', '.join(FORMATS)}"
     )
 
 
-def _parse_source(file: str, index: int, raw: Any, default_exhaust: str) -> SourceSpec:
+def _parse_source(
+    file: str, index: int, raw: Any, default_exhaust: str, storage_defaults: dict[str, Any]
+) -> SourceSpec:
     t = _Table(file, f"source[{index}]", raw)
     name = t.get("name", str)
     if not name:
@@ -239,7 +271,9 @@ def _parse_source(file: str, index: int, raw: Any, default_exhaust: str) -> Sour
         raise RecipeError(
             f"{file}: {t.where}.format: expected one of auto, {', '.join(FORMATS)}; got {fmt!r}"
         )
-    paths = _resolve_paths(file, t.where, t.get("path", (str, list)), fmt)
+    storage = dict(storage_defaults)
+    storage.update(t.get("storage_options", dict, {}))
+    paths = _resolve_paths(file, t.where, t.get("path", (str, list)), fmt, storage)
     if fmt == "auto":
         fmt = _guess_format(file, t.where, paths)
     text_field = t.get("text_field", str, "text")
@@ -259,7 +293,25 @@ def _parse_source(file: str, index: int, raw: Any, default_exhaust: str) -> Sour
         weight=weight,
         on_exhausted=on_exhausted,
         hf_builder=hf_builder,
+        storage=json.dumps(storage, sort_keys=True) if storage else "",
     )
+
+
+def _parse_storage(file: str, raw: Any) -> dict[str, Any]:
+    """[storage]: fsspec options for remote paths (endpoint_url, cache_limit_gb, anything
+    the protocol's file system accepts under [storage.options])."""
+    t = _Table(file, "storage", raw)
+    out: dict[str, Any] = dict(t.get("options", dict, {}))
+    endpoint = t.get("endpoint_url", str, "")
+    if endpoint:
+        out["endpoint_url"] = endpoint
+    limit = t.get("cache_limit_gb", float, 0.0)
+    if limit < 0 or not math.isfinite(limit):
+        raise RecipeError(f"{file}: storage.cache_limit_gb: expected a number >= 0, got {limit}")
+    if limit:
+        out["cache_limit_gb"] = limit
+    t.finish()
+    return out
 
 
 def parse_recipe(data: dict[str, Any], file: str) -> Recipe:
@@ -313,11 +365,13 @@ def parse_recipe(data: dict[str, Any], file: str) -> Recipe:
     )
     k.finish()
 
+    storage = _parse_storage(file, top.get("storage", dict, {}))
     raw_sources = top.get("source", list, [])
     if not raw_sources:
         raise RecipeError(f"{file}: no [[source]] tables: a recipe needs at least one source")
     sources = tuple(
-        _parse_source(file, i, raw, mixture.on_exhausted) for i, raw in enumerate(raw_sources)
+        _parse_source(file, i, raw, mixture.on_exhausted, storage)
+        for i, raw in enumerate(raw_sources)
     )
     names = [src.name for src in sources]
     dupes = sorted({n for n in names if names.count(n) > 1})

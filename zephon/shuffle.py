@@ -8,6 +8,13 @@ history, so a lane's position in a source is just (epoch, documents taken):
 a cursor, never a buffer. Over one epoch every document lands in exactly one
 lane exactly once.
 
+A small source (fewer documents than lanes) cannot give every lane its own
+documents. There each lane walks all N documents every epoch, in its own
+keyed permutation of (seed, source, epoch, lane): the source keeps its weight
+in every lane, and every lane sees every document once per epoch. This is
+expressed with the same block interface: block b of a small source is lane
+b's walk, covering the whole source, and lane b owns only that block.
+
 Permutations come from sorting a 64-bit keyed hash (splitmix64) of the
 indices, written out here so the order never changes with a numpy release.
 """
@@ -52,19 +59,23 @@ class SourcePlan:
     def __init__(
         self, name: str, num_docs: int, lanes: int, block_size: int, seed: int, shuffle: bool
     ):
-        if num_docs < lanes:
-            raise LayoutError(
-                f"source '{name}' has {num_docs} documents but the recipe has {lanes} lanes: "
-                "every lane needs at least one document (use fewer lanes or more data)"
-            )
+        if num_docs < 1:
+            raise LayoutError(f"source '{name}' has no documents")
         self.name, self.num_docs, self.lanes = name, num_docs, lanes
         self.seed, self.shuffle = seed, shuffle
-        # Blocks shrink for small sources so that every lane owns at least one.
-        self.block_size = min(block_size, num_docs // lanes)
-        self.num_blocks = -(-num_docs // self.block_size)
+        # A small source: one walk over all documents per lane (see the module notes).
+        self.per_lane_walk = num_docs < lanes
+        if self.per_lane_walk:
+            self.block_size, self.num_blocks = num_docs, lanes
+        else:
+            # Blocks shrink for sources with few documents per lane so every lane owns one.
+            self.block_size = min(block_size, num_docs // lanes)
+            self.num_blocks = -(-num_docs // self.block_size)
         self._lane_blocks = lru_cache(maxsize=256)(self._compute_lane_blocks)
 
     def block_range(self, block: int) -> tuple[int, int]:
+        if self.per_lane_walk:
+            return 0, self.num_docs
         start = block * self.block_size
         return start, min(start + self.block_size, self.num_docs)
 
@@ -73,9 +84,13 @@ class SourcePlan:
         a, b = self.block_range(block)
         if not self.shuffle:
             return np.arange(b - a, dtype=np.int64)
+        if self.per_lane_walk:  # block == lane: that lane's own permutation
+            return keyed_permutation(b - a, self.seed, self.name, epoch, "lane", block)
         return keyed_permutation(b - a, self.seed, self.name, epoch, "block", block)
 
     def _compute_lane_blocks(self, epoch: int, lane: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.per_lane_walk:
+            return np.array([lane], dtype=np.int64), np.array([0, self.num_docs], dtype=np.int64)
         if self.shuffle:
             order = keyed_permutation(self.num_blocks, self.seed, self.name, epoch, "blocks")
         else:

@@ -25,6 +25,7 @@ FINGERPRINT_FIELDS = (
     "tokenizer",
     "tokenizer_choices",  # absent (None) unless the special tokens were configured
     "sources",
+    "remote",  # ETag (or size and mtime) of each remote file; absent for local data
     "recipe",
 )
 

@@ -219,8 +219,12 @@ def check_token_ids(raw: RawBlock, reader: SourceReader, tok: TokenizerInfo) -> 
     """A pretokenized block: validate the ids and append EOS."""
     docs = []
     for k, ids in enumerate(raw.values):
-        # Check before narrowing to int32, so a huge id cannot overflow first.
-        top = max(ids, default=0)
+        # Check before narrowing to int32, so a huge id cannot overflow first. Arrays
+        # (Parquet token lists, token-array sources) are checked without per-token Python.
+        if isinstance(ids, np.ndarray):
+            top = int(ids.max()) if len(ids) else 0
+        else:
+            top = max(ids, default=0)
         if top >= tok.vocab_size:
             raise DataError(
                 f"source '{reader.spec.name}' ({', '.join(reader.spec.paths)}) document "

@@ -1,0 +1,120 @@
+"""Parquet files, read one row group at a time (never the whole file).
+
+Text columns become Python strings. Token-id columns (`token_field`, a list
+of integers) stay in Arrow's layout: the list offsets and the flat values as
+numpy arrays, and each document is a numpy view of its slice, so there is no
+Python work per token. Remote files are opened through fsspec and pyarrow
+reads only the footer and the row groups it needs (range reads).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from zephon.errors import DataError
+from zephon.recipe import SourceSpec
+from zephon.sources.storage import ByteObject, is_remote
+from zephon.sources.values import check_value
+
+
+class ParquetFile:
+    _CACHE_GROUPS = 2
+
+    def __init__(self, obj: ByteObject, spec: SourceSpec):
+        import pyarrow as pa
+
+        self.obj, self.path, self.spec = obj, obj.url, spec
+        self.field = spec.token_field or spec.text_field
+        try:
+            meta = self._open()
+        except Exception as exc:  # pyarrow raises several types for a bad file
+            raise DataError(f"{self.path}: cannot open as Parquet: {exc}") from None
+        names = meta.schema_arrow.names
+        if self.field not in names:
+            raise DataError(f"{self.path}: no column '{self.field}' (columns: {', '.join(names)})")
+        kind = meta.schema_arrow.field(self.field).type
+        if spec.pretokenized and not (
+            (pa.types.is_list(kind) or pa.types.is_large_list(kind))
+            and pa.types.is_integer(kind.value_type)
+        ):
+            raise DataError(
+                f"{self.path}: column '{self.field}' must be a list of non-negative "
+                f"token ids, got type {kind}"
+            )
+        rows = [meta.metadata.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        self.group_starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        self._local = threading.local()
+
+    def _open(self) -> Any:
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(self.obj.open() if is_remote(self.path) else self.path)
+
+    def __len__(self) -> int:
+        return int(self.group_starts[-1])
+
+    def _group(self, g: int) -> Any:
+        loc = self._local
+        if not hasattr(loc, "file"):
+            loc.file, loc.groups = self._open(), OrderedDict()
+        if g not in loc.groups:
+            col = loc.file.read_row_group(g, columns=[self.field]).column(0)
+            first = int(self.group_starts[g])
+            if self.spec.pretokenized:
+                loc.groups[g] = self._token_lists(col.combine_chunks(), first)
+            else:
+                loc.groups[g] = col.to_pylist()
+            while len(loc.groups) > self._CACHE_GROUPS:
+                loc.groups.popitem(last=False)
+        return loc.groups[g]
+
+    def _token_lists(self, arr: Any, first: int) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets, values) of a list<int> column chunk, checked without per-token Python."""
+        where = f"{self.path}: row"
+        if arr.null_count:
+            row = first + int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+            raise DataError(
+                f"{where} {row}: field '{self.field}' must be a list of non-negative "
+                "token ids, got None"
+            )
+        offsets = arr.offsets.to_numpy().astype(np.int64)
+        values_arr = arr.values
+        if values_arr.null_count:
+            raise DataError(
+                f"{self.path}: column '{self.field}' holds null token ids "
+                f"(rows {first} to {first + len(arr) - 1})"
+            )
+        values = values_arr.to_numpy()
+        lo, hi = int(offsets[0]), int(offsets[-1])
+        if values.dtype.kind == "i" and len(values):
+            bad = np.flatnonzero(values[lo:hi] < 0)
+            if len(bad):
+                at = lo + int(bad[0])
+                k = int(np.searchsorted(offsets, at, side="right")) - 1
+                raise DataError(
+                    f"{where} {first + k}: field '{self.field}' must be a list of non-negative "
+                    f"token ids, got {int(values[at])} at index {at - int(offsets[k])}"
+                )
+        return offsets, values
+
+    def read(self, a: int, b: int) -> list[Any]:
+        out: list[Any] = []
+        g = int(np.searchsorted(self.group_starts, a, side="right")) - 1
+        while a < b:
+            g_start, g_end = int(self.group_starts[g]), int(self.group_starts[g + 1])
+            take = min(b, g_end)
+            group = self._group(g)
+            if self.spec.pretokenized:
+                offsets, values = group
+                out.extend(
+                    values[offsets[i] : offsets[i + 1]] for i in range(a - g_start, take - g_start)
+                )
+            else:
+                for k, v in enumerate(group[a - g_start : take - g_start]):
+                    out.append(check_value(v, self.spec, f"{self.path}: row {a + k}"))
+            a, g = take, g + 1
+        return out

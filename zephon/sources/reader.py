@@ -1,0 +1,83 @@
+"""SourceReader: all files of one recipe source, addressed by one document index.
+
+A reader exposes `spec`, `num_docs` and `read_range(start, end)`, the values
+(text, or token ids as a list or integer array) of documents [start, end) in
+file order. Readers are shared by all lanes and worker threads, so they keep
+no cursor of their own: a lane's position is its own business (see lane.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from zephon.errors import DataError
+from zephon.recipe import SourceSpec
+from zephon.sources.cache import default_cache_dir
+from zephon.sources.storage import ByteObject, is_remote, open_object
+
+
+class SourceReader:
+    def __init__(self, spec: SourceSpec, cache_dir: str | None = None):
+        self.spec = spec
+        cache = cache_dir or default_cache_dir()
+        storage = spec.storage_options
+
+        def objects() -> list[ByteObject]:
+            return [open_object(p, storage, cache) for p in spec.paths]
+
+        if spec.format in ("hf", "hf_disk") and any(is_remote(p) for p in spec.paths):
+            raise DataError(
+                f"source '{spec.name}': format '{spec.format}' reads local files only; "
+                "remote sources need format jsonl, parquet or tokens"
+            )
+        self.objects: list[ByteObject] = []
+        if spec.format == "jsonl":
+            from zephon.sources.jsonl import JsonlFile, build_indexes
+
+            self.objects = objects()
+            build_indexes(self.objects, cache)
+            parts: list[Any] = [JsonlFile(o, spec, cache) for o in self.objects]
+        elif spec.format == "parquet":
+            from zephon.sources.parquet import ParquetFile
+
+            self.objects = objects()
+            parts = [ParquetFile(o, spec) for o in self.objects]
+        elif spec.format == "tokens":
+            from zephon.sources.tokens import TokenArrayFile
+
+            self.objects = objects()
+            parts = [TokenArrayFile(o, storage, cache) for o in self.objects]
+        elif spec.format == "hf_disk":
+            from zephon.sources.hf import HFDataset
+
+            parts = [HFDataset(spec, p, cache) for p in spec.paths]
+        else:
+            from zephon.sources.hf import HFDataset
+
+            parts = [HFDataset(spec, None, cache)]
+        self.parts = parts
+        counts = [len(p) for p in parts]
+        self.part_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.num_docs = int(self.part_starts[-1])
+        if self.num_docs == 0:
+            raise DataError(
+                f"source '{spec.name}': no documents in {', '.join(spec.paths)} (empty source)"
+            )
+
+    def remote_versions(self) -> dict[str, str]:
+        """URL -> ETag (or size and mtime) of every remote file: for the fingerprint."""
+        objs = list(self.objects) + [p.offsets.obj for p in self.parts if hasattr(p, "offsets")]
+        return {o.url: str(o.identity()[1]) for o in objs if is_remote(o.url)}
+
+    def read_range(self, start: int, end: int) -> list[Any]:
+        """Values of documents [start, end), in file order."""
+        out: list[Any] = []
+        p = int(np.searchsorted(self.part_starts, start, side="right")) - 1
+        while start < end:
+            p_start, p_end = int(self.part_starts[p]), int(self.part_starts[p + 1])
+            take = min(end, p_end)
+            out.extend(self.parts[p].read(start - p_start, take - p_start))
+            start, p = take, p + 1
+        return out
