@@ -32,6 +32,8 @@ class StepMetrics:
     memory_gib: float | None = None
     digest: str | None = None
     """Hex digest of the global batch, if the loader computes one."""
+    mfu: float | None = None
+    """Model FLOPs utilisation (GPU only)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -54,6 +56,8 @@ def format_step(m: StepMetrics) -> str:
     ]
     if m.memory_gib is not None:
         parts.append(f"mem {m.memory_gib:.2f}GiB")
+    if m.mfu is not None:
+        parts.append(f"mfu {100 * m.mfu:.1f}%")
     if m.digest:
         parts.append(f"digest {m.digest[:16]}")
     return " | ".join(parts)
@@ -119,6 +123,8 @@ class MetricsLogger:
             }
             if m.memory_gib is not None:
                 scalars["memory_gib"] = m.memory_gib
+            if m.mfu is not None:
+                scalars["mfu"] = m.mfu
             for name, value in scalars.items():
                 self._tb.add_scalar(f"train/{name}", value, m.step)
         if self._jsonl is not None:
@@ -132,6 +138,8 @@ class MetricsLogger:
                 "data_wait_s": m.data_wait_s,
                 "digest": m.digest,
             }
+            if m.mfu is not None:
+                record["mfu"] = m.mfu
             self._jsonl.write(json.dumps(record) + "\n")
             self._jsonl.flush()
         return line
