@@ -140,9 +140,9 @@ class CheckpointManager:
         # (step, loader document, DCP future) of an asynchronous save in flight.
         self._pending: tuple[int, dict[str, Any] | None, Future] | None = None
         self._async_pg: dist.ProcessGroup | None = None
-        if cfg.async_mode == "async" and dist.get_backend() != "gloo":
-            # The background writer runs its collectives on a CPU group of its
-            # own, so they never interleave with the training's NCCL collectives.
+        if cfg.async_mode == "async":
+            # The background writer runs its collectives on a (CPU) group of its
+            # own, so they never interleave with the training's collectives.
             self._async_pg = dist.new_group(backend="gloo")
 
     def step_dir(self, step: int) -> str:
