@@ -133,8 +133,7 @@ def main() -> None:
         f"Gradient memory per rank, {results[0]['parameters']:,}-parameter model, "
         f"{results[0]['ranks']} CPU ranks, {a.micro_batches} micro-batches, fp32 gradients.",
         "",
-        "| mode | grads held after each micro-batch (MiB: sharded + unsharded) "
-        "| peak grads MiB |",
+        "| mode | grads held after each micro-batch (MiB: sharded + unsharded) | peak grads MiB |",
         "|---|---|---|",
     ]
     for r in results:

@@ -140,6 +140,8 @@ class MetricsLogger:
             }
             if m.mfu is not None:
                 record["mfu"] = m.mfu
+            if m.memory_gib is not None:
+                record["memory_gib"] = m.memory_gib
             self._jsonl.write(json.dumps(record) + "\n")
             self._jsonl.flush()
         return line
