@@ -224,7 +224,6 @@ class Trainer:
     def run(self) -> int:
         cfg = self.cfg
         steps = cfg.training.steps
-        tokens_per_step = cfg.training.global_batch_size * cfg.training.seq_len
         logger.info(
             f"training steps {self.step + 1}..{steps} on {self.mesh.describe()}, device "
             f"{self.device.type}/{self.info.backend}, global batch {cfg.training.global_batch_size}"
@@ -246,32 +245,8 @@ class Trainer:
                 self.data.global_digest(batch) if log_now and cfg.data.log_batch_digests else None
             )
             loss_sum, grad_norm = self.train_step(batch, n_valid)
-            lr = self.lr_scheduler.get_last_lr()[0]
             if log_now:
-                loss, norm = self._global_loss(loss_sum, n_valid), float(_full(grad_norm).item())
-                step_time = time.perf_counter() - t0
-                if self.metrics is not None:
-                    self.metrics.log(
-                        StepMetrics(
-                            step=self.step,
-                            loss=loss,
-                            grad_norm=norm,
-                            lr=lr,
-                            tokens=tokens_per_step,
-                            step_time_s=step_time,
-                            data_wait_s=data_wait,
-                            memory_gib=peak_memory_gib(self.device),
-                            digest=digest,
-                            mfu=model_flops_utilisation(
-                                self.model_args,
-                                cfg.training.seq_len,
-                                tokens_per_step,
-                                step_time,
-                                self.info.world_size,
-                                self.device,
-                            ),  # fmt: skip
-                        )
-                    )
+                self._log_step(loss_sum, grad_norm, n_valid, t0, data_wait, digest)
             if cfg.validation.enable and val_freq > 0 and self.step % val_freq == 0:
                 self._log_validation()
             if self.ckpt.should_save(self.step, steps):
@@ -281,6 +256,42 @@ class Trainer:
             self._log_validation()
         logger.info(f"training done at step {self.step}")
         return 0
+
+    def _log_step(
+        self,
+        loss_sum: torch.Tensor,
+        grad_norm: torch.Tensor,
+        n_valid: int,
+        t0: float,
+        data_wait: float,
+        digest: str | None,
+    ) -> None:
+        """Collective: reduce the step's loss (and read the norm), then log on rank 0.
+        Reading them syncs with the device, so the step time is the real one."""
+        cfg = self.cfg
+        loss, norm = self._global_loss(loss_sum, n_valid), float(_full(grad_norm).item())
+        step_time = time.perf_counter() - t0
+        if self.metrics is None:
+            return
+        tokens = cfg.training.global_batch_size * cfg.training.seq_len
+        mfu = model_flops_utilisation(
+            self.model_args, cfg.training.seq_len, tokens, step_time, self.info.world_size,
+            self.device,
+        )  # fmt: skip
+        self.metrics.log(
+            StepMetrics(
+                step=self.step,
+                loss=loss,
+                grad_norm=norm,
+                lr=self.lr_scheduler.get_last_lr()[0],
+                tokens=tokens,
+                step_time_s=step_time,
+                data_wait_s=data_wait,
+                memory_gib=peak_memory_gib(self.device),
+                digest=digest,
+                mfu=mfu,
+            )
+        )
 
     def _log_validation(self) -> None:
         loss = self.validate()
