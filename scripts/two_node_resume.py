@@ -93,7 +93,9 @@ def main() -> int:
         r["two_node_digest"] == r["one_node_digest"] and r["rel_dloss"] <= LOSS_RTOL for r in rows
     )
     a.out.mkdir(parents=True, exist_ok=True)
-    doc = {"two_node_mesh": mesh_line.split("] ")[-1], "resume": resumed, "steps": rows, "ok": ok}
+    mesh_line = mesh_line[mesh_line.find("training steps") :]
+    resumed = resumed[resumed.find("resumed from") :]
+    doc = {"two_node_mesh": mesh_line, "resume": resumed, "steps": rows, "ok": ok}
     (a.out / "two_node_resume.json").write_text(json.dumps(doc, indent=1))
     lines = [
         "Two run_train.sh nodes on one machine (NNODES=2, NGPU=2 each, c10d rendezvous on "
