@@ -9,6 +9,7 @@ wider matrix (8 processes as replicate 2 x shard 4, ...) is in
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -49,7 +50,11 @@ def mesh_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_mesh_trains_on_the_same_batches_as_fsdp(zephon_reference, mesh_runs, name):
     _, ref = zephon_reference
     assert_matches(metrics(mesh_runs[name]), ref, range(1, STEPS + 1))
-    assert (mesh_runs[name] / "checkpoint" / f"step-{K}" / "COMPLETE.json").is_file()
+    step_dir = mesh_runs[name] / "checkpoint" / f"step-{K}"
+    assert (step_dir / "COMPLETE.json").is_file()
+    # The loader state is gathered over the data-parallel group, not the world.
+    state = json.loads((step_dir / "dataloader.json").read_text())
+    assert state["dp_size"] == {"hsdp": 4, "tp": 2}[name]
 
 
 @pytest.mark.parametrize(
