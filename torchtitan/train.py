@@ -1,8 +1,9 @@
 """The training loop: `torchrun ... -m torchtitan.train --job.config_file X [--section.field v]`.
 
-One process per device. Data parallelism is FSDP2 over all ranks; the loss is
-normalised by the valid tokens of the whole global batch, so neither the rank
-count nor the micro-batch size changes what is optimised.
+One process per device, on a (dp_replicate, dp_shard, tp) device mesh: FSDP2
+or HSDP over the data-parallel dimensions, optionally tensor parallelism inside.
+The loss is normalised by the valid tokens of the whole global batch, so
+neither the mesh nor the micro-batch size changes what is optimised.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from torchtitan.components.checkpoint import (
@@ -26,6 +26,7 @@ from torchtitan.components.checkpoint import (
     read_loader_state,
     resume_step,
 )
+from torchtitan.components.flops import model_flops_utilisation
 from torchtitan.components.initial_load import initial_model_args, load_initial
 from torchtitan.components.loss import cross_entropy_sum
 from torchtitan.components.lr_scheduler import build_lr_scheduler
@@ -34,6 +35,8 @@ from torchtitan.components.optimizer import build_optimizer
 from torchtitan.components.source_metrics import global_source_counts
 from torchtitan.config.job_config import ConfigError, JobConfig, load_job_config
 from torchtitan.datasets.dataloader import TrainDataLoader, check_startup
+from torchtitan.distributed.device_io import to_device
+from torchtitan.distributed.mesh import ParallelDims, ParallelMesh
 from torchtitan.distributed.parallelize import parallelize_model
 from torchtitan.distributed.utils import DistInfo, exit_process, init_distributed
 from torchtitan.models.llama3.model import Transformer, count_parameters
@@ -60,16 +63,8 @@ class Trainer:
     def __init__(self, cfg: JobConfig, dist_info: DistInfo):
         self.cfg, self.info = cfg, dist_info
         t = cfg.training
-        world = dist_info.world_size
-        dp = cfg.parallelism.data_parallel_shard_degree
-        dp = world if dp == -1 else dp
-        if dp != world:
-            raise ConfigError(
-                f"parallelism.data_parallel_shard_degree = {dp}, but {world} processes were "
-                "launched; only data parallelism is implemented, so it must be -1 or the "
-                "number of processes"
-            )
-        self.dp, self.rank, self.device = dp, dist_info.rank, dist_info.device
+        dims = ParallelDims.from_config(cfg.parallelism, dist_info.world_size)
+        self.dp, self.rank, self.device = dims.dp, dist_info.rank, dist_info.device
         if t.deterministic:
             if self.device.type == "cuda":
                 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -77,14 +72,20 @@ class Trainer:
         torch.manual_seed(t.seed)
 
         tok = load_tokenizer(cfg.data.tokenizer)
-        self.model_args = initial_model_args(cfg, tok.vocab_size)
+        self.model_args = replace(
+            initial_model_args(cfg, tok.vocab_size),
+            attention_impl=_attention_impl(cfg.model.attention_impl, self.device),
+        )
+        dims.check_model(self.model_args, t.seq_len)
+        dp = dims.dp
         lanes = load_recipe(cfg.data.recipe).lanes if cfg.data.loader == "zephon" else None
         check_startup(cfg, dp, lanes, self.model_args.max_seq_len)
         if cfg.validation.enable:
             if not cfg.validation.recipe:
                 raise ConfigError("validation.enable = true needs validation.recipe")
             check_startup(cfg, dp, load_recipe(cfg.validation.recipe).lanes, 1 << 30)
-        self.data = TrainDataLoader(cfg, self.rank, dp)
+        self.mesh = ParallelMesh(dims, self.device.type)
+        self.data = self._loader()
 
         # Refuse an incompatible resume before paying for the model.
         self.resume_from = resume_step(cfg.checkpoint, cfg.job.dump_folder)
@@ -93,7 +94,6 @@ class Trainer:
             resume_doc = read_loader_state(cfg.checkpoint, cfg.job.dump_folder, self.resume_from)
             self.data.check_resumable(resume_doc)
 
-        self.mesh = init_device_mesh(self.device.type, (dp,), mesh_dim_names=("dp",))
         self.model = self._build_model()
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, max(t.steps, 1))
@@ -106,7 +106,7 @@ class Trainer:
             self.data.restore(resume_doc)
             logger.info(
                 f"resumed from step {self.step} on {dp} data-parallel rank(s) "
-                f"({cfg.data.loader} loader)"
+                f"({cfg.data.loader} loader, {self.mesh.describe()})"
             )
             if cfg.checkpoint.initial_load_path:
                 logger.info(
@@ -120,6 +120,14 @@ class Trainer:
             if self.rank == 0
             else None
         )
+
+    def _loader(self, recipe: str | None = None) -> TrainDataLoader:
+        """This rank's loader at its data-parallel coordinate (TP peers share one)."""
+        m = self.mesh
+        return TrainDataLoader(
+            self.cfg, m.dp_rank, m.dp_size, recipe, for_validation=recipe is not None,
+            dp_group=m.dp_group, tp_group=m.tp_group, device=self.device,
+        )  # fmt: skip
 
     def _build_model(self) -> torch.nn.Module:
         with torch.device("meta"):
@@ -146,68 +154,86 @@ class Trainer:
         return model
 
     def _forward_backward(self, batch: Any, n_valid_global: int) -> torch.Tensor:
-        """Accumulate gradients over micro-batches; returns this rank's loss sum."""
+        """Accumulate gradients over micro-batches; returns this rank's loss sum.
+
+        By default FSDP reduce-scatters after every micro-batch, so each rank only
+        ever holds sharded gradients; `parallelism.defer_grad_sync` reduces once, on
+        the last micro-batch, at the cost of unsharded gradients meanwhile."""
         micro = batch.micro_batches(self.cfg.training.local_batch_size)
+        defer = self.cfg.parallelism.defer_grad_sync
         loss_total = torch.zeros((), device=self.device)
-        # FSDP averages gradients over ranks; scaling by dp makes the result the
-        # gradient of (sum of token losses over the global batch) / valid tokens.
+        # FSDP averages gradients over data-parallel ranks; scaling by dp makes the
+        # result the gradient of (sum of token losses over the global batch) / valid tokens.
         scale = self.dp / max(n_valid_global, 1)
         for i, mb in enumerate(micro):
-            self.model.set_requires_gradient_sync(i == len(micro) - 1)
-            logits = self.model(mb.input_ids.to(self.device), mb.positions.to(self.device))
-            loss_sum, _ = cross_entropy_sum(logits, mb.labels.to(self.device))
+            if defer:
+                self.model.set_requires_gradient_sync(i == len(micro) - 1)
+            logits = self.model(
+                to_device(mb.input_ids, self.device), to_device(mb.positions, self.device)
+            )
+            loss_sum, _ = cross_entropy_sum(logits, to_device(mb.labels, self.device))
             (loss_sum * scale).backward()
             loss_total += loss_sum.detach()
         return loss_total
 
-    def train_step(self, batch: Any) -> tuple[float, float]:
-        counts = torch.tensor([batch.num_valid_tokens()], dtype=torch.float64, device=self.device)
-        dist.all_reduce(counts)
-        n_valid = int(counts.item())
+    def train_step(self, batch: Any, n_valid: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step; returns (this rank's loss sum, gradient norm) as
+        tensors, reduced and read only when logged (`_global_loss`)."""
         loss_sum = self._forward_backward(batch, n_valid)
+        # Every gradient is a DTensor on the same mesh (FSDP x TP), so the norm
+        # is taken across both.
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.cfg.training.max_norm, foreach=True
         )
         self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        dist.all_reduce(loss_sum)
-        return float(loss_sum.item()) / max(n_valid, 1), float(_full(grad_norm).item())
+        return loss_sum, grad_norm
 
-    def _all_have(self, batch: Any) -> bool:
-        flag = torch.tensor([0 if batch is None else 1], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return bool(flag.item())
+    def _batch_counts(self, batch: Any) -> tuple[bool, int]:
+        """Collective, one all-reduce over the data-parallel group: whether every
+        rank has a batch, and the global batch's valid (non-ignored) tokens."""
+        local = [1.0, float(batch.num_valid_tokens())] if batch is not None else [0.0, 0.0]
+        counts = torch.tensor(local, dtype=torch.float64, device=self.device)
+        dist.all_reduce(counts, group=self.mesh.dp_group)
+        have, n_valid = counts.tolist()
+        return int(have) == self.dp, int(n_valid)
+
+    def _global_loss(self, loss_sum: torch.Tensor, n_valid: int) -> float:
+        """Collective: the global batch's mean token loss (called at log steps only)."""
+        dist.all_reduce(loss_sum, group=self.mesh.dp_group)
+        return float(loss_sum.item()) / max(n_valid, 1)
 
     @torch.no_grad()
     def validate(self) -> float:
         """Loss over the validation recipe, the same batches for every rank count."""
         cfg = self.cfg
-        val = TrainDataLoader(cfg, self.rank, self.dp, cfg.validation.recipe, for_validation=True)
+        val = self._loader(cfg.validation.recipe)
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)
         n = 0
         try:
             while cfg.validation.steps < 0 or n < cfg.validation.steps:
                 batch = val.next_batch()
-                if not self._all_have(batch):
+                if not self._batch_counts(batch)[0]:
                     break
                 for mb in batch.micro_batches(cfg.training.local_batch_size):
-                    logits = self.model(mb.input_ids.to(self.device), mb.positions.to(self.device))
-                    loss_sum, n_valid = cross_entropy_sum(logits, mb.labels.to(self.device))
+                    logits = self.model(
+                        to_device(mb.input_ids, self.device), to_device(mb.positions, self.device)
+                    )
+                    loss_sum, n_valid = cross_entropy_sum(logits, to_device(mb.labels, self.device))
                     totals[0] += loss_sum.double()
                     totals[1] += n_valid.double()
                 n += 1
         finally:
             val.close()
-        dist.all_reduce(totals)
+        dist.all_reduce(totals, group=self.mesh.dp_group)
         return float(totals[0] / totals[1].clamp(min=1))
 
     def run(self) -> int:
         cfg = self.cfg
         steps = cfg.training.steps
-        tokens_per_step = cfg.training.global_batch_size * cfg.training.seq_len
         logger.info(
-            f"training steps {self.step + 1}..{steps} on {self.dp} rank(s), device "
+            f"training steps {self.step + 1}..{steps} on {self.mesh.describe()}, device "
             f"{self.device.type}/{self.info.backend}, global batch {cfg.training.global_batch_size}"
             f" x {cfg.training.seq_len} tokens, micro-batch {cfg.training.local_batch_size}"
         )
@@ -216,40 +242,69 @@ class Trainer:
             t0 = time.perf_counter()
             batch = self.data.next_batch()
             data_wait = time.perf_counter() - t0
-            if not self._all_have(batch):
+            have, n_valid = self._batch_counts(batch)
+            if not have:
                 logger.info(f"data exhausted after step {self.step}; stopping")
                 break
             self.step += 1
-            digest = self.data.global_digest(batch) if cfg.data.log_batch_digests else None
+            # Everything logged is reduced only at log steps (the same on every rank).
             log_now = self.step % cfg.metrics.log_freq == 0 or self.step == steps
-            names = [s.name for s in self.data.loader.recipe.sources]
-            sources = global_source_counts(batch, names, self.device) if log_now else None
-            loss, grad_norm = self.train_step(batch)
-            step_time = time.perf_counter() - t0
-            if self.metrics is not None and log_now:
-                self.metrics.log(
-                    StepMetrics(
-                        step=self.step,
-                        loss=loss,
-                        grad_norm=grad_norm,
-                        lr=self.lr_scheduler.get_last_lr()[0],
-                        tokens=tokens_per_step,
-                        step_time_s=step_time,
-                        data_wait_s=data_wait,
-                        memory_gib=peak_memory_gib(self.device),
-                        digest=digest,
-                        source_tokens=sources[0] if sources else None,
-                        source_docs=sources[1] if sources else None,
-                    )
-                )
+            digest = (
+                self.data.global_digest(batch) if log_now and cfg.data.log_batch_digests else None
+            )
+            loss_sum, grad_norm = self.train_step(batch, n_valid)
+            if log_now:
+                self._log_step(batch, loss_sum, grad_norm, n_valid, t0, data_wait, digest)
             if cfg.validation.enable and val_freq > 0 and self.step % val_freq == 0:
                 self._log_validation()
             if self.ckpt.should_save(self.step, steps):
                 self.ckpt.save(self.step, self.data.gather_state)
+        self.ckpt.wait()  # an asynchronous save still in flight becomes a resume point
         if cfg.validation.enable and (val_freq <= 0 or self.step % val_freq):
             self._log_validation()
         logger.info(f"training done at step {self.step}")
         return 0
+
+    def _log_step(
+        self,
+        batch: Any,
+        loss_sum: torch.Tensor,
+        grad_norm: torch.Tensor,
+        n_valid: int,
+        t0: float,
+        data_wait: float,
+        digest: str | None,
+    ) -> None:
+        """Collective: reduce the step's loss (and read the norm), then log on rank 0.
+        Reading them syncs with the device, so the step time is the real one."""
+        cfg = self.cfg
+        loss, norm = self._global_loss(loss_sum, n_valid), float(_full(grad_norm).item())
+        names = [s.name for s in self.data.loader.recipe.sources]
+        sources = global_source_counts(batch, names, self.device, self.mesh.dp_group)
+        step_time = time.perf_counter() - t0
+        if self.metrics is None:
+            return
+        tokens = cfg.training.global_batch_size * cfg.training.seq_len
+        mfu = model_flops_utilisation(
+            self.model_args, cfg.training.seq_len, tokens, step_time, self.info.world_size,
+            self.device,
+        )  # fmt: skip
+        self.metrics.log(
+            StepMetrics(
+                step=self.step,
+                loss=loss,
+                grad_norm=norm,
+                lr=self.lr_scheduler.get_last_lr()[0],
+                tokens=tokens,
+                step_time_s=step_time,
+                data_wait_s=data_wait,
+                memory_gib=peak_memory_gib(self.device),
+                digest=digest,
+                mfu=mfu,
+                source_tokens=sources[0] if sources else None,
+                source_docs=sources[1] if sources else None,
+            )
+        )
 
     def _log_validation(self) -> None:
         loss = self.validate()
@@ -260,6 +315,19 @@ class Trainer:
         self.data.close()
         if self.metrics is not None:
             self.metrics.close()
+
+
+def _attention_impl(choice: str, device: torch.device) -> str:
+    """`model.attention_impl`: auto = FlexAttention on CUDA, the dense mask elsewhere
+    (eager FlexAttention on CPU gains nothing and has no backward)."""
+    if choice == "auto":
+        return "flex" if device.type == "cuda" else "dense"
+    if choice == "flex" and device.type != "cuda":
+        raise ConfigError(
+            "model.attention_impl = 'flex' needs a CUDA device: FlexAttention has no "
+            "backward on CPU; use 'dense' or 'auto'"
+        )
+    return choice
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,12 @@ A step folder holds the DCP files (model, optimizer, LR scheduler, train
 state), `dataloader.json` (the loader state of all ranks as one document) and,
 written last, `COMPLETE.json`. Only folders with that marker are resume
 points, so a save interrupted at any moment is never resumed from. DCP
-reshards model and optimizer when the number of processes changes.
+reshards model and optimizer when the number of processes or the mesh changes.
+
+With `checkpoint.async_mode = "async"` the DCP files are written in the
+background: the loader state is captured at the saved step (synchronously),
+and the folder is finalised (loader state, then marker) only once the DCP
+files are durable, at the next save or at the end of training.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -131,6 +137,13 @@ class CheckpointManager:
         self.folder = checkpoint_folder(cfg, dump_folder)
         self.state = _TrainState(model, optimizer, lr_scheduler)
         self.rank = dist.get_rank()
+        # (step, loader document, DCP future) of an asynchronous save in flight.
+        self._pending: tuple[int, dict[str, Any] | None, Future] | None = None
+        self._async_pg: dist.ProcessGroup | None = None
+        if cfg.async_mode == "async":
+            # The background writer runs its collectives on a (CPU) group of its
+            # own, so they never interleave with the training's collectives.
+            self._async_pg = dist.new_group(backend="gloo")
 
     def step_dir(self, step: int) -> str:
         return os.path.join(self.folder, f"step-{step}")
@@ -150,6 +163,7 @@ class CheckpointManager:
 
     def save(self, step: int, loader_state: Callable[[], dict[str, Any] | None]) -> None:
         """Save `step`. `loader_state` is collective; it returns the document on rank 0."""
+        self.wait()  # one save in flight at a time
         t0 = time.perf_counter()
         path = self.step_dir(step)
         if self.rank == 0:
@@ -158,20 +172,47 @@ class CheckpointManager:
             os.makedirs(path)
         dist.barrier()
         self.state.step = step
+        if self.cfg.async_mode == "async":
+            # The loader state of this step, taken now: training goes on meanwhile.
+            doc = loader_state()
+            result = dcp.async_save(
+                {"train": self.state}, checkpoint_id=path, process_group=self._async_pg
+            )
+            future = getattr(result, "upload_completion", result)
+            self._pending = (step, doc, future)
+            logger.info(f"checkpoint {path}: staged in {time.perf_counter() - t0:.2f}s, writing")
+            return
         dcp.save({"train": self.state}, checkpoint_id=path)
+        self.finalize_step_folder(step, loader_state())
+        logger.info(f"saved checkpoint {path} in {time.perf_counter() - t0:.2f}s")
+
+    def wait(self) -> None:
+        """Collective: finish an asynchronous save in flight, if any."""
+        if self._pending is None:
+            return
+        step, doc, future = self._pending
+        self._pending = None
+        t0 = time.perf_counter()
+        future.result()  # raises if writing the DCP files failed
+        self.finalize_step_folder(step, doc)
+        logger.info(
+            f"saved checkpoint {self.step_dir(step)} (waited {time.perf_counter() - t0:.2f}s)"
+        )
+
+    def finalize_step_folder(self, step: int, doc: dict[str, Any] | None) -> None:
+        """Collective, once the DCP files of `step` are durable on every rank: write
+        the loader state, then the completion marker that makes it a resume point."""
+        path = self.step_dir(step)
         if os.environ.get(FAULT_ENV) == str(step):
             logger.error(f"{FAULT_ENV}={step}: crashing after the model files, as asked")
             os._exit(17)
-        doc = loader_state()
+        dist.barrier()  # every rank's DCP files are written
         if self.rank == 0:
             write_atomic(os.path.join(path, LOADER_FILE), json.dumps(doc, indent=1, sort_keys=True))
-        dist.barrier()
-        if self.rank == 0:
             marker = {"step": step, "world_size": dist.get_world_size(), "time": time.time()}
             write_atomic(os.path.join(path, COMPLETE_FILE), json.dumps(marker))
             self._purge()
         dist.barrier()
-        logger.info(f"saved checkpoint {path} in {time.perf_counter() - t0:.2f}s")
 
     def _purge(self) -> None:
         if self.cfg.keep_latest_k <= 0:

@@ -36,6 +36,8 @@ class StepMetrics:
     """Tokens of the global batch from each source, if the loader counts them."""
     source_docs: dict[str, int] | None = None
     """Documents starting in the global batch, per source."""
+    mfu: float | None = None
+    """Model FLOPs utilisation (GPU only)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -58,6 +60,8 @@ def format_step(m: StepMetrics) -> str:
     ]
     if m.memory_gib is not None:
         parts.append(f"mem {m.memory_gib:.2f}GiB")
+    if m.mfu is not None:
+        parts.append(f"mfu {100 * m.mfu:.1f}%")
     if m.digest:
         parts.append(f"digest {m.digest[:16]}")
     if m.source_tokens:
@@ -149,6 +153,8 @@ class MetricsLogger:
             }
             if m.memory_gib is not None:
                 scalars["memory_gib"] = m.memory_gib
+            if m.mfu is not None:
+                scalars["mfu"] = m.mfu
             scalars.update(_source_scalars(m))
             if self._tb is not None:
                 for name, value in scalars.items():
@@ -169,6 +175,10 @@ class MetricsLogger:
             if m.source_tokens is not None:  # absent for loaders that do not count
                 record["source_tokens"] = m.source_tokens
                 record["source_docs"] = m.source_docs
+            if m.mfu is not None:
+                record["mfu"] = m.mfu
+            if m.memory_gib is not None:
+                record["memory_gib"] = m.memory_gib
             self._jsonl.write(json.dumps(record) + "\n")
             self._jsonl.flush()
         return line

@@ -22,10 +22,14 @@ def has_source_counts(batch: Any) -> bool:
 
 
 def global_source_counts(
-    batch: Any, names: Sequence[str], device: torch.device
+    batch: Any,
+    names: Sequence[str],
+    device: torch.device,
+    group: dist.ProcessGroup | None = None,
 ) -> tuple[dict[str, int], dict[str, int]] | None:
     """Collective (every rank, same loader kind): ({source: tokens}, {source: documents})
-    over the whole global batch, or None when the loader does not count."""
+    over the whole global batch, or None when the loader does not count. `group` is the
+    data-parallel group: tensor-parallel peers hold the same rows and must not be counted twice."""
     if not has_source_counts(batch):
         return None
     tokens = np.asarray(batch.source_tokens, dtype=np.int64)
@@ -37,7 +41,7 @@ def global_source_counts(
         )
     both = torch.from_numpy(np.concatenate([tokens, docs])).to(device)
     if dist.is_initialized():
-        dist.all_reduce(both)
+        dist.all_reduce(both, group=group)
     values = both.tolist()
     n = len(names)
     return dict(zip(names, values[:n], strict=True)), dict(zip(names, values[n:], strict=True))

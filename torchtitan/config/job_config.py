@@ -46,6 +46,10 @@ class Model:
     """With flavor "hf": a Hugging Face config.json or its folder."""
     attention: Literal["doc_causal", "causal"] = "doc_causal"
     """doc_causal: attend only within the same packed document; causal: whole row."""
+    attention_impl: Literal["auto", "dense", "flex"] = "auto"
+    """How doc_causal masks: dense = boolean [rows, 1, S, S] mask for SDPA; flex =
+    FlexAttention block mask (compiled on CUDA; forward only on CPU); auto = flex on
+    CUDA, dense on CPU."""
 
 
 @dataclass
@@ -71,8 +75,15 @@ class Training:
 
 @dataclass
 class Parallelism:
+    data_parallel_replicate_degree: int = 1
+    """HSDP replicas (outer dimension: typically one per node group)."""
     data_parallel_shard_degree: int = -1
-    """FSDP degree; -1 uses every rank."""
+    """FSDP degree within a replica; -1 = the processes left over by the other degrees."""
+    tensor_parallel_degree: int = 1
+    """Llama 3 tensor parallelism with sequence-parallel norms (innermost dimension)."""
+    defer_grad_sync: bool = False
+    """Reduce gradients only on the last micro-batch: fewer collectives, but every rank
+    holds the whole model's unsharded gradients until then (small models only)."""
 
 
 @dataclass
@@ -91,6 +102,9 @@ class Checkpoint:
     Starts at step 0 with a fresh LR schedule and loader."""
     initial_load_optimizer: bool = False
     """Also take the optimizer state from an initial_load_path step folder."""
+    async_mode: Literal["disabled", "async"] = "disabled"
+    """async: write the DCP files in the background (dcp.async_save); the step folder
+    is finalised (loader state, completion marker) once they are durable."""
 
 
 @dataclass
@@ -365,7 +379,9 @@ def _check_ranges(cfg: JobConfig, provenance: dict[tuple[str, str], str]) -> Non
         ("training", "local_batch_size", lambda v: v >= 1, "an integer >= 1"),
         ("training", "steps", lambda v: v >= 0, "an integer >= 0 (0: initialise only)"),
         ("training", "max_norm", lambda v: v > 0, "a number > 0"),
+        ("parallelism", "data_parallel_replicate_degree", lambda v: v >= 1, "an integer >= 1"),
         ("parallelism", "data_parallel_shard_degree", lambda v: v == -1 or v >= 1, "-1 or >= 1"),
+        ("parallelism", "tensor_parallel_degree", lambda v: v >= 1, "an integer >= 1"),
         ("checkpoint", "interval", lambda v: v >= 1, "an integer >= 1"),
         ("checkpoint", "keep_latest_k", lambda v: v >= 0, "an integer >= 0"),
         ("checkpoint", "load_step", lambda v: v >= -1, "-1 or a step >= 0"),

@@ -1,13 +1,18 @@
 """The trainer's data side: build the `[data]` loader, gather its checkpoint
-state and the global batch digest across ranks, and restore it on resume."""
+state and the global batch digest across the data-parallel ranks, and restore
+it on resume. Collectives run over the data-parallel group (one per
+tensor-parallel coordinate), never the world: tensor-parallel peers hold the
+same batch and would otherwise be counted twice."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from torchtitan.config.job_config import JobConfig
 from torchtitan.datasets.hf_baseline import HFBaselineLoader
-from torchtitan.distributed.utils import all_gather_objects
 from zephon import (
     Batch,
     LayoutError,
@@ -34,7 +39,16 @@ class TrainDataLoader:
         dp_size: int,
         recipe_path: str | None = None,
         for_validation: bool = False,
+        dp_group: dist.ProcessGroup | None = None,
+        tp_group: dist.ProcessGroup | None = None,
+        device: torch.device | None = None,
     ):
+        """`dp_group`: the data-parallel ranks (None = the world); `tp_group`: this
+        rank's tensor-parallel peers, whose batches must agree; `device`: where the
+        digest collective runs (a CUDA device under NCCL)."""
+        self.dp_group, self.tp_group = dp_group, tp_group
+        self.dp_size = dp_size
+        self.device = device or torch.device("cpu")
         self.kind = "zephon" if for_validation else cfg.data.loader
         recipe = load_recipe(recipe_path or cfg.data.recipe)
         t = cfg.training
@@ -71,13 +85,29 @@ class TrainDataLoader:
             return None
 
     def global_digest(self, batch: Batch) -> str:
-        """Collective: SHA-256 of the global batch in canonical order."""
-        parts = all_gather_objects(batch.digests)
-        return global_batch_digest([d for rank in parts for d in rank])
+        """Collective: SHA-256 of the global batch in canonical order.
+
+        Every rank contributes the same number of 32-byte unit digests (its lanes,
+        or rows for the hf loader), so one fixed-size uint8 all-gather in rank
+        order yields them in canonical order. Tensor-parallel peers must hold
+        byte-identical batches; that is checked here too."""
+        local = torch.frombuffer(bytearray(b"".join(batch.digests)), dtype=torch.uint8)
+        local = local.view(-1, 32).to(self.device)
+        if self.tp_group is not None:
+            peers = _all_gather(local, self.tp_group)
+            if not bool((peers == local.unsqueeze(0)).all()):
+                raise RuntimeError(
+                    f"tensor-parallel peers received different batches at step {batch.step}: "
+                    "their data-parallel coordinates disagree"
+                )
+        parts = _all_gather(local, self.dp_group).cpu().reshape(-1, 32).numpy()
+        return global_batch_digest([row.tobytes() for row in parts])
 
     def gather_state(self) -> dict[str, Any] | None:
-        """Collective: the loader state of all ranks as one document (on every rank)."""
-        states = all_gather_objects(self.loader.state_dict())
+        """Collective: the loader state of all data-parallel ranks as one document
+        (on every rank); `dp_size` in it is the data-parallel size."""
+        states: list[Any] = [None] * self.dp_size
+        dist.all_gather_object(states, self.loader.state_dict(), group=self.dp_group)
         if self.kind == "zephon":
             return merge_rank_states(states)
         return {"format": HF_STATE_FORMAT, "ranks": states}
@@ -107,6 +137,14 @@ class TrainDataLoader:
 
     def close(self) -> None:
         self.loader.close()
+
+
+def _all_gather(t: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """``[group size, *t.shape]``: every member's ``t``, in group-rank order."""
+    size = dist.get_world_size(group)
+    out = torch.empty((size * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
+    dist.all_gather_single(out, t, group=group)
+    return out.view(size, *t.shape)
 
 
 def check_startup(cfg: JobConfig, dp_size: int, lanes: int | None, max_seq_len: int) -> None:

@@ -1,20 +1,25 @@
-"""Applying FSDP2, activation checkpointing and torch.compile to the model."""
+"""Applying tensor parallelism, activation checkpointing, torch.compile and
+FSDP2/HSDP to the model, in that order (as upstream: TP first, FSDP on top)."""
 
 from __future__ import annotations
 
 import torch
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from torchtitan.config.job_config import Training
+from torchtitan.distributed.mesh import ParallelMesh
+from torchtitan.distributed.tensor_parallel import apply_tensor_parallel
 from torchtitan.models.llama3.model import Transformer, apply_activation_checkpointing
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def parallelize_model(model: Transformer, mesh: DeviceMesh, training: Training) -> Transformer:
-    """Shard each transformer block, then the root (embeddings, norm, output),
-    over the data-parallel mesh. Works on a meta-device model."""
+def parallelize_model(model: Transformer, mesh: ParallelMesh, training: Training) -> Transformer:
+    """Tensor-parallel plan over the TP mesh (if any), then FSDP over the
+    data-parallel mesh: each transformer block, then the root (embeddings, norm,
+    output). A 2-D (replicate, shard) mesh makes it HSDP. Works on a meta model."""
+    if mesh.tp is not None:
+        apply_tensor_parallel(model, mesh.tp)
     if training.activation_checkpoint == "full":
         apply_activation_checkpointing(model)
     if training.compile:
@@ -30,6 +35,6 @@ def parallelize_model(model: Transformer, mesh: DeviceMesh, training: Training) 
     for i, block in enumerate(blocks):
         # The last block's parameters are needed right away by backward, so
         # keeping them unsharded after forward saves one all-gather.
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+        fully_shard(block, mesh=mesh.fsdp, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
+    fully_shard(model, mesh=mesh.fsdp, mp_policy=mp)
     return model

@@ -41,6 +41,8 @@ class ModelArgs:
     """Length of the rotary cache; positions must stay below it."""
     tie_embeddings: bool = False
     attention: Literal["doc_causal", "causal"] = "doc_causal"
+    attention_impl: Literal["dense", "flex"] = "dense"
+    """How doc_causal is computed: dense SDPA mask, or a FlexAttention block mask."""
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
@@ -54,6 +56,8 @@ class ModelArgs:
             raise ValueError(f"head_dim {self.head_dim} must be even for rotary embeddings")
         if self.attention not in ("doc_causal", "causal"):
             raise ValueError(f"attention {self.attention!r}: expected 'doc_causal' or 'causal'")
+        if self.attention_impl not in ("dense", "flex"):
+            raise ValueError(f"attention_impl {self.attention_impl!r}: expected 'dense' or 'flex'")
 
     @property
     def head_dim(self) -> int:

@@ -18,9 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.nn.attention.flex_attention import BlockMask
 from torch.utils.checkpoint import checkpoint
 
 from torchtitan.models.llama3.args import ModelArgs, RopeScaling
+from torchtitan.models.llama3.flex import document_block_mask, flex_doc_attention
+
+# None = plain causal; a boolean tensor = dense SDPA mask; a BlockMask = FlexAttention.
+Mask = torch.Tensor | BlockMask | None
 
 # --------------------------------------------------------------------------- rotary
 
@@ -105,28 +110,29 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(self.n_heads * self.head_dim, args.dim, bias=False)
 
-    def forward(
-        self, x: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: Mask) -> torch.Tensor:
         bsz, seq_len, _ = x.shape
-        q = self.wq(x).view(bsz, seq_len, self.n_heads, self.head_dim)
-        k = self.wk(x).view(bsz, seq_len, self.n_kv_heads, self.head_dim)
-        v = self.wv(x).view(bsz, seq_len, self.n_kv_heads, self.head_dim)
+        # -1 heads: under tensor parallelism this rank projects only its share.
+        q = self.wq(x).view(bsz, seq_len, -1, self.head_dim)
+        k = self.wk(x).view(bsz, seq_len, -1, self.head_dim)
+        v = self.wv(x).view(bsz, seq_len, -1, self.head_dim)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
 
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, S, D]
-        # Expand kv heads explicitly rather than SDPA's enable_gqa, which not every
-        # backend supports together with an explicit mask.
-        groups = self.n_heads // self.n_kv_heads
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
-
-        if mask is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if isinstance(mask, BlockMask):
+            out = flex_doc_attention(q, k, v, mask)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        out = out.transpose(1, 2).reshape(bsz, seq_len, self.n_heads * self.head_dim)
+            # Expand kv heads explicitly rather than SDPA's enable_gqa, which not every
+            # backend supports together with an explicit mask.
+            groups = q.shape[1] // k.shape[1]
+            if groups > 1:
+                k = k.repeat_interleave(groups, dim=1)
+                v = v.repeat_interleave(groups, dim=1)
+            if mask is None:
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = out.transpose(1, 2).reshape(bsz, seq_len, -1)
         return self.wo(out)
 
 
@@ -154,15 +160,11 @@ class TransformerBlock(nn.Module):
         # keeps parameter names (and so checkpoints) identical with AC on or off.
         self.checkpoint_activations = False
 
-    def _block(
-        self, x: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
+    def _block(self, x: torch.Tensor, rope: torch.Tensor, mask: Mask) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), rope, mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
-    def forward(
-        self, x: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: Mask) -> torch.Tensor:
         if self.checkpoint_activations and torch.is_grad_enabled():
             return checkpoint(self._block, x, rope, mask, use_reentrant=False)
         return self._block(x, rope, mask)
@@ -196,12 +198,15 @@ class Transformer(nn.Module):
             raise ValueError(
                 f"sequence length {seq_len} exceeds max_seq_len {self.args.max_seq_len}"
             )
+        mask: Mask = None
         if positions is None or self.args.attention == "causal":
             rope = self.rope_cache[:seq_len].unsqueeze(0)
-            mask = None
         else:
             rope = self.rope_cache[positions]
-            mask = document_causal_mask(positions)
+            if self.args.attention_impl == "flex":
+                mask = document_block_mask(positions)
+            else:
+                mask = document_causal_mask(positions)
 
         h = self.tok_embeddings(tokens)
         for layer in self.layers.values():
