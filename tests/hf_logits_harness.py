@@ -12,10 +12,10 @@ from dataclasses import replace
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 from torchtitan.components.initial_load import initial_model_args, load_initial
 from torchtitan.config.job_config import load_job_config
+from torchtitan.distributed.mesh import ParallelDims, ParallelMesh
 from torchtitan.distributed.parallelize import parallelize_model
 from torchtitan.distributed.utils import init_distributed
 from torchtitan.models.llama3.model import Transformer
@@ -29,7 +29,7 @@ def main() -> None:
     args = initial_model_args(cfg, 0)
     with torch.device("meta"):
         model = Transformer(args)
-    mesh = init_device_mesh("cpu", (info.world_size,), mesh_dim_names=("dp",))
+    mesh = ParallelMesh(ParallelDims.from_config(cfg.parallelism, info.world_size), "cpu")
     parallelize_model(model, mesh, replace(cfg.training, mixed_precision_param="float32"))
     model.to_empty(device="cpu")
     model.init_weights(torch.Generator().manual_seed(0))
