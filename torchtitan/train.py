@@ -21,22 +21,27 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from torchtitan.components.checkpoint import (
-    CheckpointError,
     CheckpointManager,
     read_loader_state,
     resume_step,
 )
 from torchtitan.components.loss import cross_entropy_sum
 from torchtitan.components.lr_scheduler import build_lr_scheduler
-from torchtitan.components.metrics import MetricsLogger, StepMetrics, peak_memory_gib
+from torchtitan.components.metrics import (
+    MetricsLogger,
+    StepMetrics,
+    drop_records_after,
+    peak_memory_gib,
+)
 from torchtitan.components.optimizer import build_optimizer
 from torchtitan.config.job_config import ConfigError, JobConfig, load_job_config
-from torchtitan.datasets.dataloader import TrainDataLoader, check_startup
+from torchtitan.datasets.dataloader import TrainDataLoader, check_startup, check_validation_ends
 from torchtitan.distributed.parallelize import parallelize_model
 from torchtitan.distributed.utils import DistInfo, exit_process, init_distributed
 from torchtitan.models.llama3.args import get_model_args
 from torchtitan.models.llama3.model import Transformer, count_parameters
-from zephon import ZephonError, load_recipe, load_tokenizer
+from torchtitan.runtime.guard import JobGuard, fail_before_start, set_phase
+from zephon import load_recipe, load_tokenizer
 
 logger = logging.getLogger("torchtitan")
 
@@ -84,7 +89,9 @@ class Trainer:
         if cfg.validation.enable:
             if not cfg.validation.recipe:
                 raise ConfigError("validation.enable = true needs validation.recipe")
-            check_startup(cfg, dp, load_recipe(cfg.validation.recipe).lanes, 1 << 30)
+            val_recipe = load_recipe(cfg.validation.recipe)
+            check_startup(cfg, dp, val_recipe.lanes, 1 << 30)
+            check_validation_ends(cfg, val_recipe)
         self.data = TrainDataLoader(cfg, self.rank, dp)
 
         # Refuse an incompatible resume before paying for the model.
@@ -109,6 +116,10 @@ class Trainer:
                 f"resumed from step {self.step} on {dp} data-parallel rank(s) "
                 f"({cfg.data.loader} loader)"
             )
+        if self.rank == 0 and cfg.metrics.jsonl_file:
+            # Steps after the checkpoint are trained again: drop their old records.
+            for name in (cfg.metrics.jsonl_file, "validation.jsonl"):
+                drop_records_after(os.path.join(cfg.job.dump_folder, name), self.step)
         self.metrics = (
             MetricsLogger.from_config(cfg.metrics, cfg.job.dump_folder) if self.rank == 0 else None
         )
@@ -206,8 +217,10 @@ class Trainer:
         val_freq = cfg.validation.freq
         while self.step < steps:
             t0 = time.perf_counter()
+            set_phase("data", self.step + 1)
             batch = self.data.next_batch()
             data_wait = time.perf_counter() - t0
+            set_phase("collective", self.step + 1)
             if not self._all_have(batch):
                 logger.info(f"data exhausted after step {self.step}; stopping")
                 break
@@ -234,6 +247,7 @@ class Trainer:
             if cfg.validation.enable and val_freq > 0 and self.step % val_freq == 0:
                 self._log_validation()
             if self.ckpt.should_save(self.step, steps):
+                set_phase("save", self.step)
                 self.ckpt.save(self.step, self.data.gather_state)
         if cfg.validation.enable and (val_freq <= 0 or self.step % val_freq):
             self._log_validation()
@@ -257,26 +271,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_job_config(argv)
     except ConfigError as exc:
-        if rank == 0:
-            print(f"error: {exc}", file=sys.stderr)
-        exit_process(2)
+        exit_process(fail_before_start(rank, exc))
     info = init_distributed()
     code = 0
     trainer: Trainer | None = None
+    guard = JobGuard(cfg, info.rank, info.world_size)
     try:
+        guard.start()  # heartbeats; rank 0 takes the dump-folder lock
         trainer = Trainer(cfg, info)
         code = trainer.run()
-    except (ZephonError, ConfigError, CheckpointError) as exc:
-        # The user's input, not a bug: one clear message, no traceback. Every
-        # rank prints it: the first rank to exit makes torchrun stop the others.
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        code = 2
-    except BaseException:
-        logger.exception("training failed")
-        code = 1
+    except BaseException as exc:
+        # One message for the whole job, from whichever rank failed first (a
+        # user-input error without a traceback); every other rank exits at once.
+        code = guard.fail(exc)
     finally:
         if trainer is not None:
             trainer.close()
+        guard.close(code)
     exit_process(code)
     return code
 

@@ -71,6 +71,31 @@ def _finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def drop_records_after(path: str, step: int) -> int:
+    """Remove the JSONL records of steps after `step` (a resume trains them
+    again, so they would appear twice); returns how many were removed."""
+    if not os.path.isfile(path):
+        return 0
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    keep = []
+    for line in lines:
+        try:
+            later = int(json.loads(line)["step"]) > step
+        except (ValueError, KeyError, TypeError):
+            later = False  # a torn last line from a crash, or not ours: keep as is
+            if not line.endswith("\n"):
+                continue  # torn: drop it
+        if not later:
+            keep.append(line)
+    if len(keep) != len(lines):
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(keep)
+        os.replace(tmp, path)
+    return len(lines) - len(keep)
+
+
 class MetricsLogger:
     """Writes each step to the log, and to TensorBoard / a JSONL file when enabled.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchtitan.config.job_config import JobConfig
+from torchtitan.config.job_config import ConfigError, JobConfig
 from torchtitan.datasets.hf_baseline import HFBaselineLoader
 from torchtitan.distributed.utils import all_gather_objects
 from zephon import (
@@ -18,6 +18,7 @@ from zephon import (
     load_recipe,
     merge_rank_states,
 )
+from zephon.recipe import Recipe
 from zephon.state import check_fingerprint, check_header
 
 HF_STATE_FORMAT = "hf_baseline.rank_states"
@@ -107,6 +108,19 @@ class TrainDataLoader:
 
     def close(self) -> None:
         self.loader.close()
+
+
+def check_validation_ends(cfg: JobConfig, recipe: Recipe) -> None:
+    """`validation.steps = -1` reads until the data ends: refuse a recipe that never ends."""
+    if cfg.validation.steps != -1:
+        return
+    endless = [s.name for s in recipe.sources if s.on_exhausted == "repeat"]
+    if endless:
+        raise ConfigError(
+            f"validation.steps = -1 validates until the data ends, but validation recipe "
+            f"{cfg.validation.recipe} repeats source(s) {', '.join(endless)} forever; set "
+            'validation.steps to a number of batches, or on_exhausted = "stop" in the recipe'
+        )
 
 
 def check_startup(cfg: JobConfig, dp_size: int, lanes: int | None, max_seq_len: int) -> None:
