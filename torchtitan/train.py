@@ -227,6 +227,7 @@ class Trainer:
             self.step += 1
             digest = self.data.global_digest(batch) if cfg.data.log_batch_digests else None
             loss, grad_norm = self.train_step(batch)
+            dropped = self.data.bad_records_dropped()
             step_time = time.perf_counter() - t0
             if self.metrics is not None and (
                 self.step % cfg.metrics.log_freq == 0 or self.step == steps
@@ -242,6 +243,7 @@ class Trainer:
                         data_wait_s=data_wait,
                         memory_gib=peak_memory_gib(self.device),
                         digest=digest,
+                        bad_records_dropped=dropped,
                     )
                 )
             if cfg.validation.enable and val_freq > 0 and self.step % val_freq == 0:

@@ -32,6 +32,8 @@ class StepMetrics:
     memory_gib: float | None = None
     digest: str | None = None
     """Hex digest of the global batch, if the loader computes one."""
+    bad_records_dropped: int | None = None
+    """Records replaced by empty documents so far (recipe bad_records = "drop")."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -56,6 +58,8 @@ def format_step(m: StepMetrics) -> str:
         parts.append(f"mem {m.memory_gib:.2f}GiB")
     if m.digest:
         parts.append(f"digest {m.digest[:16]}")
+    if m.bad_records_dropped:
+        parts.append(f"bad records dropped {m.bad_records_dropped}")
     return " | ".join(parts)
 
 
@@ -157,6 +161,8 @@ class MetricsLogger:
                 "data_wait_s": m.data_wait_s,
                 "digest": m.digest,
             }
+            if m.bad_records_dropped is not None:
+                record["bad_records_dropped"] = m.bad_records_dropped
             self._jsonl.write(json.dumps(record) + "\n")
             self._jsonl.flush()
         return line

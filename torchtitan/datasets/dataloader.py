@@ -76,6 +76,14 @@ class TrainDataLoader:
         parts = all_gather_objects(batch.digests)
         return global_batch_digest([d for rank in parts for d in rank])
 
+    def bad_records_dropped(self) -> int | None:
+        """Collective when the recipe drops bad records: how many all ranks
+        dropped so far; None (no collective) under the default policy."""
+        if self.kind != "zephon" or self.loader.recipe.bad_records != "drop":
+            return None
+        assert isinstance(self.loader, ZephonLoader)
+        return sum(all_gather_objects(self.loader.dropped_records()))
+
     def gather_state(self) -> dict[str, Any] | None:
         """Collective: the loader state of all ranks as one document (on every rank)."""
         states = all_gather_objects(self.loader.state_dict())

@@ -67,10 +67,13 @@ def write_record(rec: dict[str, Any], name: str | None = None) -> bool:
 
 
 def format_record(rec: dict[str, Any], summary: bool = False) -> str:
-    where = f"rank {rec['rank']}" + (f" on {rec['host']}" if summary else "")
-    if rec["kind"] == "user":
-        return f"error ({where}): {rec['message']}"
-    return f"error ({where}, {rec['kind']}): {rec['message']}"
+    """`error: MESSAGE`, naming the rank unless it is rank 0 on this node."""
+    tags = [] if rec["rank"] == 0 and not summary else [f"rank {rec['rank']}"]
+    if summary:
+        tags.append(f"host {rec['host']}")
+    if rec["kind"] != "user":
+        tags.append(rec["kind"])
+    return f"error{' (' + ', '.join(tags) + ')' if tags else ''}: {rec['message']}"
 
 
 def report(rank: int, kind: str, message: str, monitor: Any = None) -> int:
