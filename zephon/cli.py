@@ -51,7 +51,9 @@ def cmd_validate(a: argparse.Namespace) -> int:
     micro = a.micro_batch or a.global_batch // max(a.dp, 1)
     check_layout(lanes, a.dp, a.global_batch, micro)
     tok = load_tokenizer(a.tokenizer)
-    print(f"recipe    {recipe.path}  (sha256 {recipe.digest()[:16]}, bad_records={recipe.bad_records})")
+    print(
+        f"recipe    {recipe.path}  (sha256 {recipe.digest()[:16]}, bad_records={recipe.bad_records})"
+    )
     print(f"tokenizer {a.tokenizer}  (vocab {tok.vocab_size}, eos {tok.eos_id}, pad {tok.pad_id})")
     print(
         f"layout    lanes={lanes} dp={a.dp} global_batch={a.global_batch} "

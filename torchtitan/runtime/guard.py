@@ -28,8 +28,9 @@ class JobGuard:
         self.lock = DumpLock(cfg.job.dump_folder) if rank == 0 else None
         store = connect_store()
         on_tick = self.lock.renew if self.lock is not None else None
+        on_exit = self.lock.release if self.lock is not None else None
         self.monitor: RankMonitor | None = RankMonitor(
-            store, rank, world_size, cfg.job.heartbeat_timeout_s, on_tick
+            store, rank, world_size, cfg.job.heartbeat_timeout_s, on_tick, on_exit
         )
         _current = self
 
@@ -43,10 +44,12 @@ class JobGuard:
     def fail(self, exc: BaseException) -> int:
         """Report why this rank stops; returns its exit code."""
         kind, message = failure.describe(exc)
-        if kind == "crash":
-            import logging
-
-            logging.getLogger("torchtitan").error(f"rank {self.rank} failed:\n{message}")
+        if kind == "crash" and self.monitor is not None:
+            # A broken collective is most often a peer that failed first: its
+            # report is the one to show, and this rank leaves quietly.
+            peer = self.monitor.wait_peer_failure(3 * self.monitor.interval)
+            if peer is not None:
+                return failure.KINDS.get(peer["kind"], failure.EXIT_CRASH)
         return failure.report(self.rank, kind, message, self.monitor)
 
     def close(self, code: int) -> None:

@@ -67,11 +67,13 @@ class RankMonitor:
         world_size: int,
         timeout_s: float,
         on_tick: Callable[[], None] | None = None,
+        on_exit: Callable[[], None] | None = None,
     ):
         self.store, self.rank, self.world = store, rank, world_size
         self.timeout_s = timeout_s
         self.interval = min(2.0, max(timeout_s / 5, 0.2)) if timeout_s > 0 else 2.0
         self.on_tick = on_tick  # e.g. renewing the dump-folder lock's lease
+        self.on_exit = on_exit  # e.g. releasing that lock when a peer's failure ends us
         self.phase, self.step = "startup", 0
         self.host, self.pid = socket.gethostname(), os.getpid()
         # Under torchrun the parent is the launcher; a new parent means it died.
@@ -125,11 +127,30 @@ class RankMonitor:
             return None
         return json.loads(self.store.get(FAILURE_KEY))
 
+    def wait_peer_failure(self, timeout_s: float) -> dict[str, Any] | None:
+        """A failure another rank published within `timeout_s`: when a collective
+        breaks because a peer died, the peer's report is the root cause."""
+        if self.store is None:
+            return None
+        end = time.monotonic() + timeout_s
+        while True:
+            try:
+                rec = self._peer_failure()
+            except Exception:
+                return None
+            if rec is not None and rec["rank"] != self.rank:
+                return rec
+            if time.monotonic() >= end:
+                return None
+            time.sleep(0.1)
+
     def _exit_for(self, rec: dict[str, Any]) -> None:
         """Another rank failed: end now. Global rank 0 summarises a failure of
         another node for its own node's launcher."""
         if self.rank == 0 and rec["host"] != self.host:
             failure.write_record(rec, name="summary.json")
+        if self.on_exit is not None:
+            self.on_exit()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(failure.KINDS.get(rec["kind"], failure.EXIT_CRASH))
