@@ -17,6 +17,10 @@ the digest of every step's global batch. Scenarios:
   be refused (exit 2) with a message naming the file and the older step
   that verifies. Then `--checkpoint.load_step` to that step must resume with
   the reference's digests.
+- kill_launcher_only: kill -9 of the launcher alone: its ranks must notice and
+  exit within seconds (no orphan keeps writing), and the resume must be right.
+- second_job: a second job on a dump folder in use must be refused naming
+  the holder, and the first job must finish with the reference's digests.
 - stopped_rank: SIGSTOP on rank 1 with a short heartbeat timeout: the job must
   exit within the timeout (+ slack), naming rank 1.
 - bad_record_rank1: a malformed line in a record only rank 1 reads: exit 2 and
@@ -65,9 +69,17 @@ CORRUPTIONS = (
     "deleted_shard",
     "deleted_metadata",
 )
-SCENARIOS = ("kill9_random", "kill9_in_save", *CORRUPTIONS, "stopped_rank", "bad_record_rank1")
+SCENARIOS = (
+    "kill9_random",
+    "kill9_in_save",
+    *CORRUPTIONS,
+    "kill_launcher_only",
+    "second_job",
+    "stopped_rank",
+    "bad_record_rank1",
+)
 # Outcomes that mean the product failed its promise (exit 1).
-LIES = ("WRONG DATA", "ACCEPTED SILENTLY")
+LIES = ("WRONG DATA", "ACCEPTED SILENTLY", "SECOND WRITER ACCEPTED", "ORPHANS KEPT RUNNING")
 
 
 def _args(fields: dict[str, Any]) -> list[str]:
@@ -197,6 +209,7 @@ def kill9(ctx: Ctx, trial: int, in_save: bool) -> str:
             job.kill9()
             return "no save seen"
         time.sleep(ctx.rng.uniform(0, 0.3))
+        mid_save = not (folder / "COMPLETE.json").exists()
     else:
         step = ctx.rng.randint(1, STEPS - 1)
         if not _wait_for(lambda: _steps_logged(dump) >= step, job, ctx.timeout):
@@ -206,7 +219,10 @@ def kill9(ctx: Ctx, trial: int, in_save: bool) -> str:
     if job.proc.poll() is not None:
         return "ok (finished before the kill)"
     job.kill9()
-    return _resume_and_check(dump, ctx.ref, ctx.timeout)
+    outcome = _resume_and_check(dump, ctx.ref, ctx.timeout)
+    if in_save and outcome == "ok":
+        return "ok (killed mid-save)" if mid_save else "ok (killed just after the save)"
+    return outcome
 
 
 def _damage(step_dir: Path, kind: str, older: Path) -> Path:
@@ -251,6 +267,55 @@ def corruption(ctx: Ctx, trial: int, kind: str) -> str:
         return f"refused; load_step {STEPS - INTERVAL} then failed (exit {code})"
     why = _digests_ok(dump, ctx.ref)
     return "WRONG DATA after load_step: " + why if why else "refused, named file; load_step ok"
+
+
+def kill_launcher_only(ctx: Ctx, trial: int) -> str:
+    dump = ctx.out / f"kill-launcher-{trial}"
+    shutil.rmtree(dump, ignore_errors=True)
+    job = Job(dump)
+    step = ctx.rng.randint(1, STEPS - 2)
+    if not _wait_for(lambda: _steps_logged(dump) >= step, job, ctx.timeout):
+        job.kill9()
+        return "run ended early"
+    ranks = [p for p in (job.rank_pid(0), job.rank_pid(1)) if p is not None]
+    os.kill(job.proc.pid, signal.SIGKILL)  # run_train.sh execs the launcher: this is it
+    job.wait(10)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60 and any(Path(f"/proc/{p}").exists() for p in ranks):
+        time.sleep(0.1)
+    alive = [p for p in ranks if Path(f"/proc/{p}").exists()]
+    took = time.monotonic() - t0
+    for p in alive:
+        os.kill(p, signal.SIGKILL)
+    if alive or not ranks:
+        return f"ORPHANS KEPT RUNNING ({len(alive)} after 60s)" if alive else "ranks not found"
+    outcome = _resume_and_check(dump, ctx.ref, ctx.timeout)
+    return f"ok (orphans exited in {took:.0f}s)" if outcome == "ok" else outcome
+
+
+def second_job(ctx: Ctx, trial: int) -> str:
+    dump = ctx.out / f"second-job-{trial}"
+    shutil.rmtree(dump, ignore_errors=True)
+    # Long enough that the second launch (several seconds of startup) meets it running.
+    first = Job(dump, {"training.steps": 60, "checkpoint.interval": 20})
+    if not _wait_for(lambda: _steps_logged(dump) >= 1, first, ctx.timeout):
+        first.kill9()
+        return "run ended early"
+    holder = first.rank_pid(0)
+    second = Job(dump)
+    code2 = second.wait(ctx.timeout)
+    running = first.proc.poll() is None
+    out2 = second.output()
+    code1 = first.wait(ctx.timeout)
+    if code2 == 0:
+        return "SECOND WRITER ACCEPTED" if running else "first job ended before the second began"
+    named = f"in use by another job: pid {holder} on " in out2
+    got = read_metrics(dump)
+    bad = [s for s in range(1, STEPS + 1) if got.get(s, {}).get("digest") != ctx.ref[s]["digest"]]
+    why = (f"digests differ at {bad}" if bad else None) if code1 == 0 else f"exit {code1}"
+    if code2 == 2 and named and why is None:
+        return "refused, named the holder; first job ok"
+    return f"second exit {code2}, named={named}; first: {why or 'ok'}"
 
 
 def stopped_rank(ctx: Ctx, trial: int) -> str:
@@ -369,6 +434,10 @@ def run_scenario(ctx: Ctx, name: str, trial: int) -> str:
         return kill9(ctx, trial, in_save=True)
     if name in CORRUPTIONS:
         return corruption(ctx, trial, name)
+    if name == "kill_launcher_only":
+        return kill_launcher_only(ctx, trial)
+    if name == "second_job":
+        return second_job(ctx, trial)
     if name == "stopped_rank":
         return stopped_rank(ctx, trial)
     return bad_record_rank1(ctx, trial)
