@@ -237,3 +237,41 @@ def test_stopped_rank_ends_the_job_naming_it(tmp_path):
     faults = _faults()
     outcome = faults.stopped_rank(faults.Ctx(tmp_path, 0, 240), 0)
     assert outcome.startswith("exited in") and "naming rank 1" in outcome, outcome
+
+
+def test_watchdog_names_a_frozen_rank_and_a_rank_stuck_on_data():
+    """Two monitors on a real TCPStore: rank 0 watches rank 1."""
+    import datetime
+    import time
+
+    import torch.distributed as dist
+
+    from torchtitan.runtime.monitor import RankMonitor
+
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=10))  # fmt: skip
+    store = dist.PrefixStore("t/", master)
+    watcher = RankMonitor(store, 0, 2, timeout_s=1.0)
+    peer = RankMonitor(store, 1, 2, timeout_s=1.0)
+    # The threads are not started: beats are driven by hand, so a "frozen" rank
+    # is one whose beat stops, exactly as under SIGSTOP.
+    watcher.set_phase("collective", 5)
+    watcher._beat()
+    peer.set_phase("data", 5)
+    peer._beat()
+    assert watcher.diagnose() is None  # first sight
+    time.sleep(1.1)
+    peer._beat()  # alive, but still waiting for its data
+    rec = watcher.diagnose()
+    assert rec is not None and rec["rank"] == 1 and rec["frozen_pid"] is None
+    assert "has waited 1s for its data at step 5" in rec["message"]
+    assert "rank 0: collective (step 5)" in rec["message"]
+    peer.set_phase("collective", 5)
+    peer._beat()
+    assert watcher.diagnose() is None  # beating, not on data: fine
+    time.sleep(1.1)  # no beat since: frozen
+    rec = watcher.diagnose()
+    assert rec is not None and "sent no heartbeat for 1s" in rec["message"]
+    assert rec["frozen_pid"] == os.getpid()
+    peer.stop()
+    assert watcher.diagnose() is None  # a rank that finished is not silent

@@ -5,8 +5,10 @@ Every rank runs one daemon thread that, every `interval` seconds:
   collective, a save...), so a peer can tell what everyone waits for;
 - watches the next rank on a ring (r watches r+1): a heartbeat that does not
   change for `timeout_s` means that rank is frozen (stopped, stuck holding
-  the GIL, swapped out). The watcher publishes a failure naming it and what
-  the others were doing, and kills it if it runs on the same host;
+  the GIL, swapped out). A rank that still beats but has waited for its data
+  for `timeout_s` is stuck too (the others then wait for it in a collective).
+  The watcher publishes a failure naming it and what the others were doing,
+  and kills a frozen rank if it runs on the same host;
 - looks for a failure published by any rank and, if there is one, ends this
   process at once (no rank is left waiting in a collective for a dead peer);
 - checks that the launcher is still there (the parent process and the store):
@@ -75,6 +77,7 @@ class RankMonitor:
         self.on_tick = on_tick  # e.g. renewing the dump-folder lock's lease
         self.on_exit = on_exit  # e.g. releasing that lock when a peer's failure ends us
         self.phase, self.step = "startup", 0
+        self._phase_since = time.monotonic()
         self.host, self.pid = socket.gethostname(), os.getpid()
         # Under torchrun the parent is the launcher; a new parent means it died.
         self.parent = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
@@ -92,6 +95,8 @@ class RankMonitor:
 
     def set_phase(self, phase: str, step: int | None = None) -> None:
         """What this rank is doing now (cheap: the thread publishes it)."""
+        if phase != self.phase:
+            self._phase_since = time.monotonic()
         self.phase = phase
         if step is not None:
             self.step = step
@@ -163,6 +168,7 @@ class RankMonitor:
         doc = {
             "beat": self._beats,
             "phase": self.phase,
+            "phase_s": round(time.monotonic() - self._phase_since, 1),  # a duration: no clock skew
             "step": self.step,
             "host": self.host,
             "pid": self.pid,
@@ -203,20 +209,24 @@ class RankMonitor:
         key = f"hb/{rank}"
         return json.loads(self.store.get(key)) if self.store.check([key]) else None
 
-    def _watch(self) -> None:
+    def diagnose(self) -> dict[str, Any] | None:
+        """A failure record if the watched rank is frozen or stuck waiting for data
+        (`frozen_pid`: the process to kill, when frozen on this host)."""
         peer = self._watched
-        assert peer is not None
+        if peer is None:
+            return None
         doc = self._read(peer)
         if doc is None or doc["phase"] == "done":
-            return
+            return None
         now = time.monotonic()
         key = f"{doc['beat']}"
-        if self._seen is None or self._seen[0] != key:
+        stalled = doc["phase"] == "data" and doc.get("phase_s", 0) >= self.timeout_s
+        if not stalled and (self._seen is None or self._seen[0] != key):
             self._seen = (key, now)
-            return
-        silent = now - self._seen[1]
-        if silent < self.timeout_s:
-            return
+            return None
+        silent = 0.0 if stalled else now - self._seen[1]
+        if not stalled and silent < self.timeout_s:
+            return None
         others = []
         for r in range(self.world):
             if r == peer:
@@ -224,20 +234,34 @@ class RankMonitor:
             d = self._read(r)
             if d is not None:
                 others.append(f"rank {r}: {d['phase']} (step {d['step']})")
+        who = f"rank {peer} (host {doc['host']}, pid {doc['pid']})"
+        if stalled:
+            what = f"has waited {doc['phase_s']:.0f}s for its data at step {doc['step']}"
+        else:
+            what = (
+                f"sent no heartbeat for {silent:.0f}s; it was last in '{doc['phase']}' at "
+                f"step {doc['step']}"
+            )
         msg = (
-            f"rank {peer} (host {doc['host']}, pid {doc['pid']}) sent no heartbeat for "
-            f"{silent:.0f}s (job.heartbeat_timeout_s = {self.timeout_s:g}); it was last in "
-            f"'{doc['phase']}' at step {doc['step']}. The others wait: " + "; ".join(others)
+            f"{who} {what} (job.heartbeat_timeout_s = {self.timeout_s:g}). The others wait: "
+            + "; ".join(others)
         )
         rec = failure.record(peer, "hang", msg)
         rec["reported_by"] = self.rank
+        rec["frozen_pid"] = None if stalled or doc["host"] != self.host else int(doc["pid"])
+        return rec
+
+    def _watch(self) -> None:
+        rec = self.diagnose()
+        if rec is None:
+            return
         if self.publish_failure(rec):
-            failure.write_record(rec, name=f"hang-{peer}.json") or print(
+            failure.write_record(rec, name=f"hang-{rec['rank']}.json") or print(
                 failure.format_record(rec), file=sys.stderr, flush=True
             )
-            if doc["host"] == self.host:
+            if rec["frozen_pid"] is not None:
                 try:  # a stopped process ignores SIGTERM until continued
-                    os.kill(int(doc["pid"]), signal.SIGKILL)
+                    os.kill(rec["frozen_pid"], signal.SIGKILL)
                 except OSError:
                     pass
         self._exit_for(rec)
