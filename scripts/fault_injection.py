@@ -496,7 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     text = table(results)
     print(text)
     doc = {
-        "command": "scripts/fault_injection.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": f"scripts/fault_injection.py --trials {a.trials} --seed {a.seed} "
+        f"--scenarios {','.join(names)}",
         "seed": a.seed,
         "trials": a.trials,
         "steps": STEPS,

@@ -116,7 +116,7 @@ class Trainer:
                 f"resumed from step {self.step} on {dp} data-parallel rank(s) "
                 f"({cfg.data.loader} loader)"
             )
-        if self.rank == 0 and cfg.metrics.jsonl_file:
+        if self.rank == 0 and cfg.metrics.jsonl_file and self.resume_from is not None:
             # Steps after the checkpoint are trained again: drop their old records.
             for name in (cfg.metrics.jsonl_file, "validation.jsonl"):
                 drop_records_after(os.path.join(cfg.job.dump_folder, name), self.step)
@@ -257,6 +257,7 @@ class Trainer:
         return 0
 
     def _log_validation(self) -> None:
+        set_phase("validation", self.step)
         loss = self.validate()
         if self.metrics is not None:
             self.metrics.log_validation(self.step, loss)
