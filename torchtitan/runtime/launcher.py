@@ -47,6 +47,8 @@ def report_failures(folder: str, failures: dict[int, Any]) -> int:
         # The root cause is the earliest record; a user error outranks the
         # secondary failures it causes.
         rec = min(own, key=lambda r: (r["kind"] != "user", r["time"]))
+        # An error every rank hit alike (a bad checkpoint) is the job's, not rank k's.
+        rec = min((r for r in own if r["message"] == rec["message"]), key=lambda r: r["rank"])
         print(failure.format_record(rec), file=sys.stderr, flush=True)
         return failure.KINDS.get(rec["kind"], failure.EXIT_CRASH)
     if summary:
