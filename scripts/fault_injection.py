@@ -28,7 +28,7 @@ the digest of every step's global batch. Scenarios:
   `bad_records = "drop"` the run finishes and counts the dropped record.
 
 Prints a table (scenario, trials, outcome), writes `results.json` and
-`results.md` under --out, and exits 1 if any resume trained on wrong data or
+`results.md` (generated from the JSON; `--render JSON` regenerates it) under --out, and exits 1 if any resume trained on wrong data or
 any damage was accepted silently (2 for any other unexpected outcome).
 """
 
@@ -458,6 +458,30 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def report(doc: dict[str, Any]) -> str:
+    """The results page: the command, the setting and the table, from the raw JSON."""
+    return (
+        "# Fault injection\n\n"
+        f"`.venv/bin/python {doc['command']}`: {doc['steps']} steps of the debug model on 2 CPU "
+        f"processes through `run_train.sh`, a checkpoint every {doc['checkpoint_interval']} "
+        f"steps; {doc['wall_s']:.0f} s in all on a shared 2-core machine. Generated from "
+        "`fault_injection.json` (`scripts/fault_injection.py --render "
+        "docs/results/fault_injection.json`).\n\n" + table(doc["results"]) + "\n"
+    )
+
+
+def render(path: Path) -> int:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"error: {path}: cannot read the results: {exc}", file=sys.stderr)
+        return 2
+    text = report(doc)
+    path.with_suffix(".md").write_text(text)
+    print(text, end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", type=Path, default=REPO / "outputs" / "fault_injection")
@@ -466,7 +490,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-limit", type=float, default=1800, help="seconds; no new trial after")
     p.add_argument("--run-timeout", type=float, default=300, help="seconds per training run")
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated subset")
+    p.add_argument("--render", type=Path, default=None, help="no runs: results.json -> .md")
     a = p.parse_args(argv)
+    if a.render is not None:
+        return render(a.render)
     names = [s for s in a.scenarios.split(",") if s]
     unknown = [s for s in names if s not in SCENARIOS]
     if unknown:
@@ -506,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
     }
     (a.out / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (a.out / "results.md").write_text(text + "\n")
+    (a.out / "results.md").write_text(report(doc))
     outcomes = [o for r in results for o in r["outcomes"]]
     if any(lie in o for o in outcomes for lie in LIES):
         return 1
