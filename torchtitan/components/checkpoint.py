@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torchtitan.components import manifest
 from torchtitan.components.manifest import COMPLETE_FILE, LOADER_FILE, CheckpointError
 from torchtitan.config.job_config import Checkpoint as CheckpointConfig
+from torchtitan.distributed.utils import all_gather_objects
 
 logger = logging.getLogger("torchtitan")
 
@@ -57,23 +58,41 @@ def checkpoint_folder(cfg: CheckpointConfig, dump_folder: str) -> str:
 def resume_step(cfg: CheckpointConfig, dump_folder: str) -> int | None:
     """The step to resume from: `load_step`, or the latest complete one, verified
     against its manifest (see manifest.py). Collective when a group is up: rank 0
-    verifies and every rank gets its verdict, so all raise the same error."""
+    checks sizes and steps, every rank checksums its share of the files, and all
+    ranks get the same verdict, so all raise the same error."""
     if not cfg.enable:
         return None
     folder = checkpoint_folder(cfg, dump_folder)
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return manifest.select_resume_step(folder, cfg.load_step, cfg.verify)
+    rank, world = dist.get_rank(), dist.get_world_size()
     verdict: list[Any] = [None]
-    if dist.get_rank() == 0:
+    if rank == 0:
         try:
-            verdict[0] = ("ok", manifest.select_resume_step(folder, cfg.load_step, cfg.verify))
+            step = manifest.select_resume_step(folder, cfg.load_step, cfg.verify, (0, world))
+            verdict[0] = ("ok", step)
         except CheckpointError as exc:
             verdict[0] = ("error", str(exc))
     dist.broadcast_object_list(verdict, src=0)
-    kind, value = verdict[0]
+    kind, step = verdict[0]
     if kind == "error":
-        raise CheckpointError(value)
-    return value
+        raise CheckpointError(step)
+    if step is None or cfg.verify != "full":
+        return step
+    t0 = time.perf_counter()
+    step_dir = os.path.join(folder, f"step-{step}")
+    mine = manifest.verify_share(step_dir, rank, world) if rank else None
+    errors = [e for e in all_gather_objects(mine) if e]
+    if errors:
+        message: list[Any] = [None]
+        if rank == 0:
+            message[0] = manifest.refusal(folder, step, cfg.verify, errors[0], cfg.load_step >= 0)
+        dist.broadcast_object_list(message, src=0)
+        raise CheckpointError(message[0])
+    logger.info(
+        f"verified {step_dir} (full, checksums on {world} ranks) in {time.perf_counter() - t0:.2f}s"
+    )
+    return step
 
 
 def read_loader_state(cfg: CheckpointConfig, dump_folder: str, step: int) -> dict[str, Any]:

@@ -125,8 +125,12 @@ def loader_state_step(doc: Any, path: str) -> int:
     raise CheckpointError(f"{path}: no step recorded in the loader state")
 
 
-def verify_step_dir(step_dir: str, mode: str = "full") -> Verified:
-    """Check one step folder; raises CheckpointError naming the first bad file."""
+def verify_step_dir(step_dir: str, mode: str = "full", share: tuple[int, int] = (0, 1)) -> Verified:
+    """Check one step folder; raises CheckpointError naming the first bad file.
+
+    `share` = (k, n): checksum only every n-th listed file from the k-th (the
+    other ranks check the rest with `verify_share`); sizes and steps always
+    cover every file."""
     if mode not in VERIFY_MODES:
         raise CheckpointError(f"checkpoint.verify = {mode!r}: expected one of {VERIFY_MODES}")
     step = folder_step(step_dir)
@@ -153,15 +157,7 @@ def verify_step_dir(step_dir: str, mode: str = "full") -> Verified:
                     f"{path}: {size} bytes, the manifest says {want['size']} (truncated or "
                     "overwritten)"
                 )
-        if mode == "full":
-            for name, want in files.items():
-                path = os.path.join(step_dir, name)
-                got = file_checksum(path)
-                if got != want[doc.get("checksum", CHECKSUM)]:
-                    raise CheckpointError(
-                        f"{path}: checksum {got} differs from the manifest's "
-                        f"{want[CHECKSUM]} (the file's content changed after the save)"
-                    )
+    # The loader state's step before any checksum: cheap, and the clearest message.
     loader_path = os.path.join(step_dir, LOADER_FILE)
     if os.path.isfile(loader_path) or not legacy:
         saved = loader_state_step(_read_json(loader_path), loader_path)
@@ -169,7 +165,36 @@ def verify_step_dir(step_dir: str, mode: str = "full") -> Verified:
             raise CheckpointError(
                 f"{loader_path}: loader state of step {saved} in the folder of step {step}"
             )
+    if mode == "full" and files is not None:
+        _check_checksums(step_dir, doc, share)
     return Verified(step, legacy)
+
+
+def _check_checksums(step_dir: str, doc: dict[str, Any], share: tuple[int, int]) -> None:
+    k, n = share
+    algo = doc.get("checksum", CHECKSUM)
+    for i, (name, want) in enumerate(sorted(doc["files"].items())):
+        if i % n != k:
+            continue
+        path = os.path.join(step_dir, name)
+        got = file_checksum(path)
+        if got != want[algo]:
+            raise CheckpointError(
+                f"{path}: checksum {got} differs from the manifest's {want[algo]} "
+                "(the file's content changed after the save)"
+            )
+
+
+def verify_share(step_dir: str, rank: int, world: int) -> str | None:
+    """Rank `rank`'s share of the checksums of a step that rank 0 has checked
+    otherwise; the error message, or None."""
+    try:
+        doc = _read_json(os.path.join(step_dir, COMPLETE_FILE))
+        if isinstance(doc, dict) and doc.get("files") is not None:
+            _check_checksums(step_dir, doc, (rank, world))
+    except (CheckpointError, OSError) as exc:
+        return str(exc)
+    return None
 
 
 def step_dirs(folder: str) -> list[int]:
@@ -202,7 +227,9 @@ def newest_verified(folder: str, mode: str, below: int | None = None) -> int | N
     return None
 
 
-def _refuse(folder: str, step: int, mode: str, exc: CheckpointError, chosen: bool) -> None:
+def refusal(folder: str, step: int, mode: str, error: str, chosen: bool) -> str:
+    """The message for a step that failed verification, pointing at the newest
+    older step that verifies."""
     good = newest_verified(folder, mode, below=step)
     hint = (
         f"the newest step that verifies is {good}: resume from it explicitly with "
@@ -215,10 +242,12 @@ def _refuse(folder: str, step: int, mode: str, exc: CheckpointError, chosen: boo
         if chosen
         else (f"the latest checkpoint, step {step}, fails verification")
     )
-    raise CheckpointError(f"{what}: {exc}\n{hint}") from None
+    return f"{what}: {error}\n{hint}"
 
 
-def select_resume_step(folder: str, load_step: int, mode: str) -> int | None:
+def select_resume_step(
+    folder: str, load_step: int, mode: str, share: tuple[int, int] = (0, 1)
+) -> int | None:
     """The step to resume from after verifying it: `load_step` (>= 0) or the
     newest marked step. Never falls back silently to an older step."""
     steps = marked_steps(folder)
@@ -235,16 +264,15 @@ def select_resume_step(folder: str, load_step: int, mode: str) -> int | None:
         step = steps[-1]
     t0 = time.perf_counter()
     try:
-        v = verify_step_dir(os.path.join(folder, f"step-{step}"), mode)
+        v = verify_step_dir(os.path.join(folder, f"step-{step}"), mode, share)
     except CheckpointError as exc:
-        _refuse(folder, step, mode, exc, chosen=load_step >= 0)
-        raise  # unreachable: _refuse raises
+        raise CheckpointError(refusal(folder, step, mode, str(exc), load_step >= 0)) from None
     if v.legacy:
         logger.warning(
             f"{folder}/step-{step} was written before checkpoint manifests: its files "
             "cannot be verified (resuming anyway)"
         )
-    else:
+    elif share == (0, 1):  # otherwise the caller reports once every share is checked
         logger.info(f"verified {folder}/step-{step} ({mode}) in {time.perf_counter() - t0:.2f}s")
     return step
 
