@@ -205,10 +205,11 @@ def kill9(ctx: Ctx, trial: int, in_save: bool) -> str:
     if in_save:
         step = ctx.rng.choice(range(INTERVAL, STEPS, INTERVAL))
         folder = dump / "checkpoint" / f"step-{step}"
-        if not _wait_for(folder.exists, job, ctx.timeout):
+        # The first shard file appears as DCP starts writing: the save is under way.
+        if not _wait_for(lambda: any(folder.glob("*.distcp")), job, ctx.timeout):
             job.kill9()
             return "no save seen"
-        time.sleep(ctx.rng.uniform(0, 0.3))
+        time.sleep(ctx.rng.uniform(0, 0.1))
         mid_save = not (folder / "COMPLETE.json").exists()
     else:
         step = ctx.rng.randint(1, STEPS - 1)
