@@ -31,6 +31,7 @@ fi
 # NGPU processes already share the cores.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
-exec "$PYTHON" -m torch.distributed.run "${LAUNCH[@]}" --nproc-per-node "$NGPU" \
+# The wrapper prints a failure of any rank once and exits 2 for bad input, 1 for a crash.
+exec "$PYTHON" -m torchtitan.runtime.launcher "${LAUNCH[@]}" --nproc-per-node "$NGPU" \
   --local-ranks-filter "${LOG_RANK:-0}" --role rank --tee 3 \
   -m torchtitan.train --job.config_file "$CONFIG_FILE" "$@"

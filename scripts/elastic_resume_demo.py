@@ -12,7 +12,8 @@ For each loader (Zephon, and the conventional per-rank ``hf`` baseline):
 3. the per-step global-batch digests and losses after k compared with the
    reference.
 
-Prints a table, writes ``loss_curves.png`` and ``results.json`` into ``--out``
+Prints a table, writes ``loss_curves.png``, ``results.json`` (raw) and
+``results.md`` (the README's table, generated from the JSON) into ``--out``
 and exits 1 if any Zephon resume logged a different global batch than the
 reference at any step after k (2 for unusable arguments). Runs go one at a
 time on CPU (gloo, ``OMP_NUM_THREADS=1`` per process).
@@ -20,6 +21,7 @@ time on CPU (gloo, ``OMP_NUM_THREADS=1`` per process).
     .venv/bin/python scripts/elastic_resume_demo.py            # defaults
     .venv/bin/python scripts/elastic_resume_demo.py --steps 4 --ckpt-step 2 \\
         --ref-procs 2 --resume-sizes 1,4 --seq-len 32 --global-batch 16
+    .venv/bin/python scripts/elastic_resume_demo.py --render docs/results/elastic_resume.json
 """
 
 from __future__ import annotations
@@ -106,7 +108,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--keep-checkpoints", action="store_true", help="keep the runs' checkpoint folders"
     )
+    p.add_argument(
+        "--render",
+        type=Path,
+        default=None,
+        help="no runs: print the markdown table of a results.json and write it beside (.md)",
+    )
     return p.parse_args(argv)
+
+
+def markdown_table(results: dict[str, Any]) -> str:
+    """The README's table, from the raw results (never assembled by hand)."""
+    lines = [
+        "| loader | resume size | steps after k with the reference digest "
+        "| first differing step | max abs loss difference |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in results["rows"]:
+        first = r["first_differing_step"]
+        lines.append(
+            f"| {r['loader']} | {r['resume_size']} | {r['digests_equal']}/{r['steps_compared']} "
+            f"| {'-' if first is None else first} | {r['max_abs_loss_diff']:.1e} |"
+        )
+    return "\n".join(lines)
+
+
+def render(path: Path) -> int:
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"error: {path}: cannot read the results: {exc}", file=sys.stderr)
+        return 2
+    text = markdown_table(results)
+    path.with_suffix(".md").write_text(f"{results['title']}\n\n{text}\n")
+    print(text)
+    return 0
 
 
 def check_layout(args: argparse.Namespace) -> None:
@@ -325,6 +361,8 @@ def plot(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render is not None:
+        return render(args.render)
     if args.hf_resume_sizes is None:
         args.hf_resume_sizes = args.resume_sizes
     args.recipe = args.recipe.resolve()
@@ -405,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(wall, 1),
     }
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "results.md").write_text(f"{results['title']}\n\n{markdown_table(results)}\n")
     print(
         f"\nwrote {args.out / 'loss_curves.png'} and {args.out / 'results.json'} "
         f"({wall:.0f}s of runs)"

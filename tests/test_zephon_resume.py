@@ -4,6 +4,7 @@ batches equal the uninterrupted run's, for every pair of sizes."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from zephon_helpers import close, make_ranks, save, step_digests
@@ -41,9 +42,11 @@ def test_state_counts_consumed_not_prefetched(make_recipe, tokenizer_path):
     ref = step_digests(make_ranks(recipe, tokenizer_path, 1), 10)
     loaders = make_ranks(recipe, tokenizer_path, 2, num_workers=2, prefetch=4)
     step_digests(loaders, 3)
-    import time
-
-    time.sleep(0.3)  # let the prefetcher run well ahead of the trainer
+    # Wait until the prefetcher has really produced steps the trainer did not take.
+    deadline = time.monotonic() + 30
+    while min(ld._produced_step for ld in loaders) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert min(ld._produced_step for ld in loaders) >= 5, "the prefetcher never ran ahead"
     state = save(loaders)
     assert state["step"] == 3
     close(loaders)

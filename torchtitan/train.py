@@ -21,7 +21,6 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from torchtitan.components.checkpoint import (
-    CheckpointError,
     CheckpointManager,
     read_loader_state,
     resume_step,
@@ -30,17 +29,23 @@ from torchtitan.components.flops import model_flops_utilisation
 from torchtitan.components.initial_load import initial_model_args, load_initial
 from torchtitan.components.loss import cross_entropy_sum
 from torchtitan.components.lr_scheduler import build_lr_scheduler
-from torchtitan.components.metrics import MetricsLogger, StepMetrics, peak_memory_gib
+from torchtitan.components.metrics import (
+    MetricsLogger,
+    StepMetrics,
+    drop_records_after,
+    peak_memory_gib,
+)
 from torchtitan.components.optimizer import build_optimizer
 from torchtitan.components.source_metrics import global_source_counts
 from torchtitan.config.job_config import ConfigError, JobConfig, load_job_config
-from torchtitan.datasets.dataloader import TrainDataLoader, check_startup
+from torchtitan.datasets.dataloader import TrainDataLoader, check_startup, check_validation_ends
 from torchtitan.distributed.device_io import to_device
 from torchtitan.distributed.mesh import ParallelDims, ParallelMesh
 from torchtitan.distributed.parallelize import parallelize_model
 from torchtitan.distributed.utils import DistInfo, exit_process, init_distributed
 from torchtitan.models.llama3.model import Transformer, count_parameters
-from zephon import ZephonError, load_recipe, load_tokenizer
+from torchtitan.runtime.guard import JobGuard, fail_before_start, set_phase
+from zephon import load_recipe, load_tokenizer
 
 logger = logging.getLogger("torchtitan")
 
@@ -83,7 +88,9 @@ class Trainer:
         if cfg.validation.enable:
             if not cfg.validation.recipe:
                 raise ConfigError("validation.enable = true needs validation.recipe")
-            check_startup(cfg, dp, load_recipe(cfg.validation.recipe).lanes, 1 << 30)
+            val_recipe = load_recipe(cfg.validation.recipe)
+            check_startup(cfg, dp, val_recipe.lanes, 1 << 30)
+            check_validation_ends(cfg, val_recipe)
         self.mesh = ParallelMesh(dims, self.device.type)
         self.data = self._loader()
 
@@ -115,6 +122,10 @@ class Trainer:
                 )
         elif cfg.checkpoint.initial_load_path:
             load_initial(cfg, self.model, self.optimizer, self.model_args)
+        if self.rank == 0 and cfg.metrics.jsonl_file and self.resume_from is not None:
+            # Steps after the checkpoint are trained again: drop their old records.
+            for name in (cfg.metrics.jsonl_file, "validation.jsonl"):
+                drop_records_after(os.path.join(cfg.job.dump_folder, name), self.step)
         self.metrics = (
             MetricsLogger.from_config(cfg.metrics, cfg.job.dump_folder, cfg.to_dict())
             if self.rank == 0
@@ -240,8 +251,10 @@ class Trainer:
         val_freq = cfg.validation.freq
         while self.step < steps:
             t0 = time.perf_counter()
+            set_phase("data", self.step + 1)
             batch = self.data.next_batch()
             data_wait = time.perf_counter() - t0
+            set_phase("collective", self.step + 1)
             have, n_valid = self._batch_counts(batch)
             if not have:
                 logger.info(f"data exhausted after step {self.step}; stopping")
@@ -258,6 +271,7 @@ class Trainer:
             if cfg.validation.enable and val_freq > 0 and self.step % val_freq == 0:
                 self._log_validation()
             if self.ckpt.should_save(self.step, steps):
+                set_phase("save", self.step)
                 self.ckpt.save(self.step, self.data.gather_state)
         self.ckpt.wait()  # an asynchronous save still in flight becomes a resume point
         if cfg.validation.enable and (val_freq <= 0 or self.step % val_freq):
@@ -281,6 +295,7 @@ class Trainer:
         loss, norm = self._global_loss(loss_sum, n_valid), float(_full(grad_norm).item())
         names = [s.name for s in self.data.loader.recipe.sources]
         sources = global_source_counts(batch, names, self.device, self.mesh.dp_group)
+        dropped = self.data.bad_records_dropped()
         step_time = time.perf_counter() - t0
         if self.metrics is None:
             return
@@ -303,10 +318,12 @@ class Trainer:
                 mfu=mfu,
                 source_tokens=sources[0] if sources else None,
                 source_docs=sources[1] if sources else None,
+                bad_records_dropped=dropped,
             )
         )
 
     def _log_validation(self) -> None:
+        set_phase("validation", self.step)
         loss = self.validate()
         if self.metrics is not None:
             self.metrics.log_validation(self.step, loss)
@@ -336,26 +353,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_job_config(argv)
     except ConfigError as exc:
-        if rank == 0:
-            print(f"error: {exc}", file=sys.stderr)
-        exit_process(2)
+        exit_process(fail_before_start(rank, exc))
     info = init_distributed()
     code = 0
     trainer: Trainer | None = None
+    guard = JobGuard(cfg, info.rank, info.world_size)
     try:
+        guard.start()  # heartbeats; rank 0 takes the dump-folder lock
         trainer = Trainer(cfg, info)
         code = trainer.run()
-    except (ZephonError, ConfigError, CheckpointError) as exc:
-        # The user's input, not a bug: one clear message, no traceback. Every
-        # rank prints it: the first rank to exit makes torchrun stop the others.
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        code = 2
-    except BaseException:
-        logger.exception("training failed")
-        code = 1
+    except BaseException as exc:
+        # One message for the whole job, from whichever rank failed first (a
+        # user-input error without a traceback); every other rank exits at once.
+        code = guard.fail(exc)
     finally:
         if trainer is not None:
             trainer.close()
+        guard.close(code)
     exit_process(code)
     return code
 

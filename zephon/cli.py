@@ -12,7 +12,7 @@ from zephon.digest import global_batch_digest
 from zephon.errors import ZephonError
 from zephon.layout import check_layout, lanes_of_rank
 from zephon.loader import ZephonLoader
-from zephon.recipe import load_recipe
+from zephon.recipe import Recipe, load_recipe
 from zephon.shuffle import SourcePlan
 from zephon.sources import SourceReader
 from zephon.state import load_file
@@ -52,7 +52,9 @@ def cmd_validate(a: argparse.Namespace) -> int:
     check_layout(lanes, a.dp, a.global_batch, micro)
     tok = load_tokenizer(a.tokenizer, recipe.tokenizer, recipe.path)
     bos = f", bos {tok.bos_id} prepended" if tok.add_bos else ""
-    print(f"recipe    {recipe.path}  (sha256 {recipe.digest()[:16]})")
+    print(
+        f"recipe    {recipe.path}  (sha256 {recipe.digest()[:16]}, bad_records={recipe.bad_records})"
+    )
     print(
         f"tokenizer {a.tokenizer}  (vocab {tok.vocab_size}, eos {tok.eos_id}, pad {tok.pad_id}"
         f"{bos})"
@@ -91,6 +93,24 @@ def cmd_validate(a: argparse.Namespace) -> int:
         f"packing   {p.algorithm} flush_interval={p.flush_interval} rows"
         + (f" open_bins={p.open_bins}" if p.algorithm == "best_fit" else "")
     )
+    if a.scan:
+        return _scan(recipe, tok.vocab_size, a.scan_workers)
+    print("ok")
+    return 0
+
+
+def _scan(recipe: Recipe, vocab_size: int, workers: int | None) -> int:
+    from zephon.scan import scan_recipe
+
+    read, bad = scan_recipe(recipe, vocab_size, workers, progress=sys.stderr.isatty())
+    print(f"scan      {read} records read, {len(bad)} bad")
+    for r in bad:
+        print(f"  {r.message}")
+    if bad:
+        raise ZephonError(
+            f"{len(bad)} bad record(s) in {recipe.path} (listed above); fix them, or set "
+            'bad_records = "drop" in [recipe] to train with them as empty documents'
+        )
     print("ok")
     return 0
 
@@ -201,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("validate", help="check a recipe and a layout; print the plan")
     _shape_args(p)
+    p.add_argument("--scan", action="store_true", help="read every record; list all bad ones")
+    p.add_argument("--scan-workers", type=_positive, default=None, help="scan processes")
     p.set_defaults(fn=cmd_validate)
     p = sub.add_parser("preview", help="decode the first rows of one lane")
     _shape_args(p, dp=False)

@@ -26,6 +26,7 @@ from zephon.shuffle import SourcePlan
 from zephon.sources import SourceReader
 from zephon.state import STATE_FORMAT, STATE_VERSION, check_fingerprint, check_header
 from zephon.tokenize import TokenizerInfo, resolve_tokenizer
+from zephon.tolerant import dropped_count, dropped_state, restore_dropped, with_policy
 from zephon.workers import BlockWork
 
 _END = object()
@@ -77,7 +78,10 @@ class ZephonLoader:
         self.num_workers = ex.workers if num_workers is None else num_workers
         self.prefetch = ex.prefetch if prefetch is None else prefetch
         cache = cache_dir or ex.cache_dir or None
-        readers = [SourceReader(s, cache) for s in self.recipe.sources]
+        readers = [
+            with_policy(SourceReader(s, cache), self.recipe.bad_records)
+            for s in self.recipe.sources
+        ]
         try:
             plans = [
                 SourcePlan(
@@ -269,7 +273,7 @@ class ZephonLoader:
             if flush is None or flush["row"] > consumed:
                 raise StateError(f"lane {lane}: no flush point at or before row {consumed}")
             lanes[str(lane)] = {"flush": flush, "rows_since_flush": consumed - flush["row"]}
-        return {
+        state = {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
             "fingerprint": self.fingerprint,
@@ -278,6 +282,13 @@ class ZephonLoader:
             "rank": self.dp_rank,
             "lanes": lanes,
         }
+        if self.recipe.bad_records == "drop":  # absent otherwise: older states stay as they were
+            state["dropped_records"] = dropped_state(self.ctx.readers)
+        return state
+
+    def dropped_records(self) -> int:
+        """Bad records this rank's readers replaced by empty documents so far."""
+        return dropped_count(self.ctx.readers)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a (merged or single-rank) state written at any data-parallel size."""
@@ -297,6 +308,7 @@ class ZephonLoader:
                     f"does not match step {step} x {self.rows_per_lane} rows"
                 )
             points[lane] = (flush, int(entry["rows_since_flush"]))
+        restore_dropped(self.ctx.readers, state.get("dropped_records", {}))
         self._discard_lanes()
         if self.traces is not None:
             self.traces = {lane: [] for lane in self.lane_ids}

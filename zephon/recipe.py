@@ -25,6 +25,7 @@ HF_BUILDERS = ("json", "parquet", "csv", "text", "arrow")
 EXHAUSTION = ("repeat", "stop")
 MIX_UNITS = ("tokens", "documents")
 PACKERS = ("concat", "best_fit")
+BAD_RECORDS = ("error", "drop")
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,9 @@ class Recipe:
     packing: PackingSpec = field(default_factory=PackingSpec)
     execution: ExecutionSpec = field(default_factory=ExecutionSpec)
     tokenizer: TokenizerSpec = field(default_factory=TokenizerSpec)
+    bad_records: str = "error"
+    """What an unreadable record does: stop the run, or become an empty document.
+    A policy, not data identity: kept out of the digest so it may change on resume."""
 
     def data_identity(self) -> dict[str, Any]:
         """Everything in the recipe that decides the data (execution knobs excluded).
@@ -320,6 +324,7 @@ def parse_recipe(data: dict[str, Any], file: str) -> Recipe:
     name = head.get("name", str, Path(file).stem)
     seed = head.get("seed", int, 0)
     lanes = head.positive_int("lanes", 8)
+    bad_records = head.choice("bad_records", BAD_RECORDS, "error")
     head.finish()
 
     m = _Table(file, "mixture", top.get("mixture", dict, {}))
@@ -392,6 +397,7 @@ def parse_recipe(data: dict[str, Any], file: str) -> Recipe:
         packing=packing,
         execution=execution,
         tokenizer=tokenizer,
+        bad_records=bad_records,
     )
 
 

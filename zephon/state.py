@@ -79,6 +79,12 @@ def merge_rank_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     merged = {k: v for k, v in first.items() if k not in ("lanes", "rank")}
     merged["lanes"] = {str(k): lanes[str(k)] for k in range(total)}
     merged["dp_size"] = len(states)
+    if any("dropped_records" in s for s in states):  # bad_records = "drop": union of ranks
+        dropped: dict[str, set[int]] = {}
+        for s in states:
+            for name, ids in s.get("dropped_records", {}).items():
+                dropped.setdefault(name, set()).update(ids)
+        merged["dropped_records"] = {k: sorted(v) for k, v in sorted(dropped.items())}
     return merged
 
 

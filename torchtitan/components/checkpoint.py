@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -31,19 +30,16 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
+from torchtitan.components import manifest
+from torchtitan.components.manifest import COMPLETE_FILE, LOADER_FILE, CheckpointError
 from torchtitan.config.job_config import Checkpoint as CheckpointConfig
+from torchtitan.distributed.utils import all_gather_objects
 
 logger = logging.getLogger("torchtitan")
 
-LOADER_FILE = "dataloader.json"
-COMPLETE_FILE = "COMPLETE.json"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+__all__ = ["COMPLETE_FILE", "LOADER_FILE", "CheckpointError", "CheckpointManager"]
 # Test hook: simulate a crash after the DCP files of step N and before the loader state.
 FAULT_ENV = "TORCHTITAN_FAULT_CRASH_BEFORE_LOADER_STATE"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that was asked for cannot be used."""
 
 
 def write_atomic(path: str, text: str) -> None:
@@ -58,14 +54,7 @@ def write_atomic(path: str, text: str) -> None:
 
 def complete_steps(folder: str) -> list[int]:
     """Steps whose save finished (marker present), oldest first."""
-    if not os.path.isdir(folder):
-        return []
-    steps = []
-    for name in os.listdir(folder):
-        m = _STEP_DIR.match(name)
-        if m and os.path.isfile(os.path.join(folder, name, COMPLETE_FILE)):
-            steps.append(int(m.group(1)))
-    return sorted(steps)
+    return manifest.marked_steps(folder)
 
 
 def checkpoint_folder(cfg: CheckpointConfig, dump_folder: str) -> str:
@@ -73,19 +62,43 @@ def checkpoint_folder(cfg: CheckpointConfig, dump_folder: str) -> str:
 
 
 def resume_step(cfg: CheckpointConfig, dump_folder: str) -> int | None:
-    """The step to resume from: `load_step`, or the latest complete one."""
+    """The step to resume from: `load_step`, or the latest complete one, verified
+    against its manifest (see manifest.py). Collective when a group is up: rank 0
+    checks sizes and steps, every rank checksums its share of the files, and all
+    ranks get the same verdict, so all raise the same error."""
     if not cfg.enable:
         return None
     folder = checkpoint_folder(cfg, dump_folder)
-    steps = complete_steps(folder)
-    if cfg.load_step >= 0:
-        if cfg.load_step not in steps:
-            raise CheckpointError(
-                f"checkpoint.load_step = {cfg.load_step}, but {folder} has no complete "
-                f"checkpoint for that step (complete: {steps or 'none'})"
-            )
-        return cfg.load_step
-    return steps[-1] if steps else None
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return manifest.select_resume_step(folder, cfg.load_step, cfg.verify)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    verdict: list[Any] = [None]
+    if rank == 0:
+        try:
+            step = manifest.select_resume_step(folder, cfg.load_step, cfg.verify, (0, world))
+            verdict[0] = ("ok", step)
+        except CheckpointError as exc:
+            verdict[0] = ("error", str(exc))
+    dist.broadcast_object_list(verdict, src=0)
+    kind, step = verdict[0]
+    if kind == "error":
+        raise CheckpointError(step)
+    if step is None or cfg.verify != "full":
+        return step
+    t0 = time.perf_counter()
+    step_dir = os.path.join(folder, f"step-{step}")
+    mine = manifest.verify_share(step_dir, rank, world) if rank else None
+    errors = [e for e in all_gather_objects(mine) if e]
+    if errors:
+        message: list[Any] = [None]
+        if rank == 0:
+            message[0] = manifest.refusal(folder, step, cfg.verify, errors[0], cfg.load_step >= 0)
+        dist.broadcast_object_list(message, src=0)
+        raise CheckpointError(message[0])
+    logger.info(
+        f"verified {step_dir} (full, checksums on {world} ranks) in {time.perf_counter() - t0:.2f}s"
+    )
+    return step
 
 
 def read_loader_state(cfg: CheckpointConfig, dump_folder: str, step: int) -> dict[str, Any]:
@@ -144,6 +157,17 @@ class CheckpointManager:
             # The background writer runs its collectives on a (CPU) group of its
             # own, so they never interleave with the training's collectives.
             self._async_pg = dist.new_group(backend="gloo")
+        if self.rank == 0 and cfg.enable:
+            self._prune_incomplete()
+
+    def _prune_incomplete(self) -> None:
+        """Remove step folders of saves that never finished (no COMPLETE.json).
+        Only the lock holder (rank 0) runs this, so no live save is touched."""
+        complete = set(manifest.marked_steps(self.folder))
+        for step in manifest.step_dirs(self.folder):
+            if step not in complete:
+                logger.warning(f"removing {self.step_dir(step)}: a save that never finished")
+                shutil.rmtree(self.step_dir(step), ignore_errors=True)
 
     def step_dir(self, step: int) -> str:
         return os.path.join(self.folder, f"step-{step}")
@@ -154,7 +178,16 @@ class CheckpointManager:
     def load(self, step: int) -> int:
         """Load model, optimizer and scheduler of `step` (resharding as needed)."""
         t0 = time.perf_counter()
-        dcp.load({"train": self.state}, checkpoint_id=self.step_dir(step))
+        try:
+            dcp.load({"train": self.state}, checkpoint_id=self.step_dir(step))
+        except Exception as exc:  # DCP's errors are long and name no file
+            good = manifest.newest_verified(self.folder, self.cfg.verify, below=step)
+            raise CheckpointError(
+                f"{self.step_dir(step)}: cannot load the model checkpoint "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                f"the newest older step that verifies is {good}"
+            ) from None
+        manifest.check_loaded_step(self.step_dir(step), self.state.step)
         logger.info(f"loaded checkpoint {self.step_dir(step)} in {time.perf_counter() - t0:.2f}s")
         return self.state.step
 
@@ -168,7 +201,12 @@ class CheckpointManager:
         path = self.step_dir(step)
         if self.rank == 0:
             if os.path.isdir(path):
-                shutil.rmtree(path)  # leftovers of an interrupted save of this step
+                # Leftovers of an earlier save of this step: marker first, so a
+                # half-deleted folder never looks complete.
+                marker = os.path.join(path, COMPLETE_FILE)
+                if os.path.exists(marker):
+                    os.remove(marker)
+                shutil.rmtree(path)
             os.makedirs(path)
         dist.barrier()
         self.state.step = step
@@ -203,14 +241,24 @@ class CheckpointManager:
         """Collective, once the DCP files of `step` are durable on every rank: write
         the loader state, then the completion marker that makes it a resume point."""
         path = self.step_dir(step)
+        dist.barrier()  # every shard and .metadata written before anyone lists files
+        # Each rank checksums the files it wrote (rank 0: after the loader state).
+        mine = {}
+        if self.rank != 0:
+            mine = manifest.file_entries(path, manifest.files_of_rank(path, self.rank))
         if os.environ.get(FAULT_ENV) == str(step):
             logger.error(f"{FAULT_ENV}={step}: crashing after the model files, as asked")
             os._exit(17)
-        dist.barrier()  # every rank's DCP files are written
         if self.rank == 0:
             write_atomic(os.path.join(path, LOADER_FILE), json.dumps(doc, indent=1, sort_keys=True))
-            marker = {"step": step, "world_size": dist.get_world_size(), "time": time.time()}
-            write_atomic(os.path.join(path, COMPLETE_FILE), json.dumps(marker))
+        if self.rank == 0:
+            mine = manifest.file_entries(path, manifest.files_of_rank(path, 0))
+        entries: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(entries, mine)
+        if self.rank == 0:
+            files = {k: v for part in entries for k, v in part.items()}
+            marker = manifest.manifest_document(step, dist.get_world_size(), files)
+            write_atomic(os.path.join(path, COMPLETE_FILE), json.dumps(marker, indent=1))
             self._purge()
         dist.barrier()
 

@@ -38,6 +38,8 @@ class StepMetrics:
     """Documents starting in the global batch, per source."""
     mfu: float | None = None
     """Model FLOPs utilisation (GPU only)."""
+    bad_records_dropped: int | None = None
+    """Records replaced by empty documents so far (recipe bad_records = "drop")."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -69,6 +71,8 @@ def format_step(m: StepMetrics) -> str:
         parts.append(
             "mix " + " ".join(f"{k} {100 * v / total:.0f}%" for k, v in m.source_tokens.items())
         )
+    if m.bad_records_dropped:
+        parts.append(f"bad records dropped {m.bad_records_dropped}")
     return " | ".join(parts)
 
 
@@ -93,6 +97,31 @@ def peak_memory_gib(device: torch.device) -> float | None:
 def _finite_or_none(x: float) -> float | None:
     # Strict JSON has no NaN/Infinity; a diverged loss is recorded as null.
     return x if math.isfinite(x) else None
+
+
+def drop_records_after(path: str, step: int) -> int:
+    """Remove the JSONL records of steps after `step` (a resume trains them
+    again, so they would appear twice); returns how many were removed."""
+    if not os.path.isfile(path):
+        return 0
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    keep = []
+    for line in lines:
+        try:
+            later = int(json.loads(line)["step"]) > step
+        except (ValueError, KeyError, TypeError):
+            later = False  # a torn last line from a crash, or not ours: keep as is
+            if not line.endswith("\n"):
+                continue  # torn: drop it
+        if not later:
+            keep.append(line)
+    if len(keep) != len(lines):
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(keep)
+        os.replace(tmp, path)
+    return len(lines) - len(keep)
 
 
 class MetricsLogger:
@@ -179,6 +208,8 @@ class MetricsLogger:
                 record["mfu"] = m.mfu
             if m.memory_gib is not None:
                 record["memory_gib"] = m.memory_gib
+            if m.bad_records_dropped is not None:
+                record["bad_records_dropped"] = m.bad_records_dropped
             self._jsonl.write(json.dumps(record) + "\n")
             self._jsonl.flush()
         return line

@@ -34,6 +34,10 @@ class Job:
     dump_folder: str = "./outputs"
     """Root folder for checkpoints, TensorBoard logs and metrics of this run."""
     description: str = ""
+    heartbeat_timeout_s: float = 150.0
+    """A rank whose heartbeat stops for this long (frozen, stopped) ends the job
+    with a message naming it; above a slow first batch, below the 600 s
+    collective timeout. 0 turns the watchdog off."""
 
 
 @dataclass
@@ -105,6 +109,9 @@ class Checkpoint:
     async_mode: Literal["disabled", "async"] = "disabled"
     """async: write the DCP files in the background (dcp.async_save); the step folder
     is finalised (loader state, completion marker) once they are durable."""
+    verify: Literal["full", "size"] = "full"
+    """Checks of the resumed step against its manifest: "full" re-reads every file
+    and compares checksums; "size" compares sizes and steps only."""
 
 
 @dataclass
@@ -374,6 +381,7 @@ def _apply_cli(
 def _check_ranges(cfg: JobConfig, provenance: dict[tuple[str, str], str]) -> None:
     """Reject values that have the right type but make no sense."""
     rules: list[tuple[str, str, Any, str]] = [
+        ("job", "heartbeat_timeout_s", lambda v: v == 0 or v >= 1, "0 (off) or seconds >= 1"),
         ("training", "seq_len", lambda v: v >= 1, "an integer >= 1"),
         ("training", "global_batch_size", lambda v: v >= 1, "an integer >= 1"),
         ("training", "local_batch_size", lambda v: v >= 1, "an integer >= 1"),

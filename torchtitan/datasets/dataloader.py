@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torchtitan.config.job_config import JobConfig
+from torchtitan.config.job_config import ConfigError, JobConfig
 from torchtitan.datasets.hf_baseline import HFBaselineLoader
 from zephon import (
     Batch,
@@ -23,6 +23,7 @@ from zephon import (
     load_recipe,
     merge_rank_states,
 )
+from zephon.recipe import Recipe
 from zephon.state import check_fingerprint, check_header
 
 HF_STATE_FORMAT = "hf_baseline.rank_states"
@@ -103,6 +104,16 @@ class TrainDataLoader:
         parts = _all_gather(local, self.dp_group).cpu().reshape(-1, 32).numpy()
         return global_batch_digest([row.tobytes() for row in parts])
 
+    def bad_records_dropped(self) -> int | None:
+        """Collective when the recipe drops bad records: how many all ranks
+        dropped so far; None (no collective) under the default policy."""
+        if self.kind != "zephon" or self.loader.recipe.bad_records != "drop":
+            return None
+        assert isinstance(self.loader, ZephonLoader)
+        n = torch.tensor([self.loader.dropped_records()], dtype=torch.int64, device=self.device)
+        dist.all_reduce(n, group=self.dp_group)  # TP peers hold the same lanes: not counted
+        return int(n.item())
+
     def gather_state(self) -> dict[str, Any] | None:
         """Collective: the loader state of all data-parallel ranks as one document
         (on every rank); `dp_size` in it is the data-parallel size."""
@@ -145,6 +156,19 @@ def _all_gather(t: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tenso
     out = torch.empty((size * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
     dist.all_gather_single(out, t, group=group)
     return out.view(size, *t.shape)
+
+
+def check_validation_ends(cfg: JobConfig, recipe: Recipe) -> None:
+    """`validation.steps = -1` reads until the data ends: refuse a recipe that never ends."""
+    if cfg.validation.steps != -1:
+        return
+    endless = [s.name for s in recipe.sources if s.on_exhausted == "repeat"]
+    if endless:
+        raise ConfigError(
+            f"validation.steps = -1 validates until the data ends, but validation recipe "
+            f"{cfg.validation.recipe} repeats source(s) {', '.join(endless)} forever; set "
+            'validation.steps to a number of batches, or on_exhausted = "stop" in the recipe'
+        )
 
 
 def check_startup(cfg: JobConfig, dp_size: int, lanes: int | None, max_seq_len: int) -> None:

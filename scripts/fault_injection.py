@@ -1,0 +1,545 @@
+#!/usr/bin/env python
+"""Fault injection: break training runs the ways real jobs break, and check
+that every resume is either right or refused with a clear message.
+
+    .venv/bin/python scripts/fault_injection.py --out outputs/faults --trials 3 --seed 0
+
+Every run goes through `run_train.sh` (the launcher wrapper, 2 CPU processes,
+the debug model on the sample data). A reference run without faults gives
+the digest of every step's global batch. Scenarios:
+
+- kill9_random: kill -9 of the whole job (launcher and every rank) at a random
+  moment, then resume: every step's digest must equal the reference's, and
+  metrics.jsonl must list each step once.
+- kill9_in_save: the same, timed to land inside a checkpoint save.
+- swapped_loader_state, zeros_in_shard, truncated_shard, deleted_shard,
+  deleted_metadata: one file of the latest checkpoint damaged; the resume must
+  be refused (exit 2) with a message naming the file and the older step
+  that verifies. Then `--checkpoint.load_step` to that step must resume with
+  the reference's digests.
+- kill_launcher_only: kill -9 of the launcher alone: its ranks must notice and
+  exit within seconds (no orphan keeps writing), and the resume must be right.
+- second_job: a second job on a dump folder in use must be refused naming
+  the holder, and the first job must finish with the reference's digests.
+- stopped_rank: SIGSTOP on rank 1 with a short heartbeat timeout: the job must
+  exit within the timeout (+ slack), naming rank 1.
+- bad_record_rank1: a malformed line in a record only rank 1 reads: exit 2 and
+  the file:line on the console once, without a traceback; with
+  `bad_records = "drop"` the run finishes and counts the dropped record.
+
+Prints a table (scenario, trials, outcome), writes `results.json` and
+`results.md` (generated from the JSON; `--render JSON` regenerates it) under --out, and exits 1 if any resume trained on wrong data or
+any damage was accepted silently (2 for any other unexpected outcome).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from torchtitan.launch import ensure_sample_data, read_metrics  # noqa: E402
+
+STEPS, INTERVAL = 8, 2
+BASE = {
+    "training.seq_len": 64,
+    "training.global_batch_size": 16,
+    "training.local_batch_size": 2,
+    "training.steps": STEPS,
+    "checkpoint.interval": INTERVAL,
+    "lr_scheduler.warmup_steps": 2,
+    "data.log_batch_digests": "true",
+}
+CORRUPTIONS = (
+    "swapped_loader_state",
+    "zeros_in_shard",
+    "truncated_shard",
+    "deleted_shard",
+    "deleted_metadata",
+)
+SCENARIOS = (
+    "kill9_random",
+    "kill9_in_save",
+    *CORRUPTIONS,
+    "kill_launcher_only",
+    "second_job",
+    "stopped_rank",
+    "bad_record_rank1",
+)
+# Outcomes that mean the product failed its promise (exit 1).
+LIES = ("WRONG DATA", "ACCEPTED SILENTLY", "SECOND WRITER ACCEPTED", "ORPHANS KEPT RUNNING")
+
+
+def _args(fields: dict[str, Any]) -> list[str]:
+    out = []
+    for k, v in fields.items():
+        out += [f"--{k}", str(v)]
+    return out
+
+
+class Job:
+    """One `run_train.sh` launch in its own session, output to a log file."""
+
+    def __init__(self, dump: Path, extra: dict[str, Any] | None = None, nproc: int = 2):
+        dump.mkdir(parents=True, exist_ok=True)
+        self.dump, self.log = dump, dump / f"run-{time.time_ns()}.log"
+        env = {**os.environ, "NGPU": str(nproc), "CUDA_VISIBLE_DEVICES": ""}
+        args = _args({**BASE, **(extra or {}), "job.dump_folder": dump})
+        self._out = open(self.log, "w")
+        self.proc = subprocess.Popen(
+            ["bash", str(REPO / "run_train.sh"), *args],
+            cwd=REPO,
+            env=env,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.started = time.monotonic()
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            self._out.flush()
+
+    def output(self) -> str:
+        self._out.flush()
+        return self.log.read_text(errors="replace")
+
+    def tree(self) -> list[int]:
+        """The launcher and all its descendants (ranks run in their own sessions)."""
+        children: dict[int, list[int]] = {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+        out, todo = [], [self.proc.pid]
+        while todo:
+            p = todo.pop()
+            out.append(p)
+            todo += children.get(p, [])
+        return out
+
+    def rank_pid(self, rank: int) -> int | None:
+        for pid in self.tree():
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"RANK={rank}".encode() in env and b"TORCHELASTIC_RUN_ID" in b"".join(env):
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if b"torchtitan.train" in cmd:
+                    return pid
+        return None
+
+    def kill9(self) -> None:
+        for pid in self.tree():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.wait(30)
+
+
+def _wait_for(cond: Callable[[], bool], job: Job, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        if job.proc.poll() is not None:
+            return cond()
+        time.sleep(0.02)
+    return False
+
+
+def _steps_logged(dump: Path) -> int:
+    return max(read_metrics(dump), default=0) if (dump / "metrics.jsonl").exists() else 0
+
+
+def _digests_ok(dump: Path, ref: dict[int, dict[str, Any]], first: int = 1) -> str | None:
+    """None if every step from `first` has the reference digest, once; else why not."""
+    lines = [json.loads(x) for x in (dump / "metrics.jsonl").read_text().splitlines() if x]
+    steps = [r["step"] for r in lines if r["step"] >= first]
+    if sorted(steps) != list(range(first, STEPS + 1)):
+        return f"metrics.jsonl steps {steps}"
+    got = {r["step"]: r["digest"] for r in lines}
+    bad = [s for s in range(first, STEPS + 1) if got[s] != ref[s]["digest"]]
+    return f"digests differ at steps {bad}" if bad else None
+
+
+def _resume_and_check(dump: Path, ref: dict[int, dict[str, Any]], timeout: float) -> str:
+    job = Job(dump)
+    code = job.wait(timeout)
+    if code != 0:
+        return f"resume failed (exit {code})"
+    why = _digests_ok(dump, ref)
+    return "WRONG DATA: " + why if why else "ok"
+
+
+# -- scenarios ------------------------------------------------------------------------------
+
+
+def kill9(ctx: Ctx, trial: int, in_save: bool) -> str:
+    dump = ctx.out / f"kill9{'_save' if in_save else ''}-{trial}"
+    shutil.rmtree(dump, ignore_errors=True)
+    job = Job(dump)
+    if in_save:
+        step = ctx.rng.choice(range(INTERVAL, STEPS, INTERVAL))
+        folder = dump / "checkpoint" / f"step-{step}"
+        # The first shard file appears as DCP starts writing: the save is under way.
+        if not _wait_for(lambda: any(folder.glob("*.distcp")), job, ctx.timeout):
+            job.kill9()
+            return "no save seen"
+        time.sleep(ctx.rng.uniform(0, 0.1))
+        mid_save = not (folder / "COMPLETE.json").exists()
+    else:
+        step = ctx.rng.randint(1, STEPS - 1)
+        if not _wait_for(lambda: _steps_logged(dump) >= step, job, ctx.timeout):
+            job.kill9()
+            return "run ended early"
+        time.sleep(ctx.rng.uniform(0, 1.0))
+    if job.proc.poll() is not None:
+        return "ok (finished before the kill)"
+    job.kill9()
+    outcome = _resume_and_check(dump, ctx.ref, ctx.timeout)
+    if in_save and outcome == "ok":
+        return "ok (killed mid-save)" if mid_save else "ok (killed just after the save)"
+    return outcome
+
+
+def _damage(step_dir: Path, kind: str, older: Path) -> Path:
+    shard = step_dir / "__1_0.distcp"
+    if kind == "swapped_loader_state":
+        shutil.copy(older / "dataloader.json", step_dir / "dataloader.json")
+        return step_dir / "dataloader.json"
+    if kind == "zeros_in_shard":
+        with open(shard, "r+b") as f:
+            f.seek(shard.stat().st_size // 2)
+            f.write(b"\0" * 4096)
+        return shard
+    if kind == "truncated_shard":
+        os.truncate(shard, shard.stat().st_size // 2)
+        return shard
+    if kind == "deleted_shard":
+        shard.unlink()
+        return shard
+    (step_dir / ".metadata").unlink()
+    return step_dir / ".metadata"
+
+
+def corruption(ctx: Ctx, trial: int, kind: str) -> str:
+    dump = ctx.out / f"{kind}-{trial}"
+    shutil.rmtree(dump, ignore_errors=True)
+    shutil.copytree(ctx.ref_dump / "checkpoint", dump / "checkpoint")
+    shutil.copy(ctx.ref_dump / "metrics.jsonl", dump / "metrics.jsonl")
+    ck = dump / "checkpoint"
+    bad = _damage(ck / f"step-{STEPS}", kind, ck / f"step-{STEPS - INTERVAL}")
+    job = Job(dump)
+    code = job.wait(ctx.timeout)
+    out = job.output()
+    if code == 0:
+        why = _digests_ok(dump, ctx.ref)
+        return "ACCEPTED SILENTLY" + (f" and WRONG DATA: {why}" if why else "")
+    if code != 2 or str(bad) not in out or f"load_step {STEPS - INTERVAL}" not in out:
+        return f"refused unclearly (exit {code})"
+    # The explicit fallback to the step that verifies resumes the right data.
+    job = Job(dump, {"checkpoint.load_step": STEPS - INTERVAL})
+    code = job.wait(ctx.timeout)
+    if code != 0:
+        return f"refused; load_step {STEPS - INTERVAL} then failed (exit {code})"
+    why = _digests_ok(dump, ctx.ref)
+    return "WRONG DATA after load_step: " + why if why else "refused, named file; load_step ok"
+
+
+def kill_launcher_only(ctx: Ctx, trial: int) -> str:
+    dump = ctx.out / f"kill-launcher-{trial}"
+    shutil.rmtree(dump, ignore_errors=True)
+    job = Job(dump)
+    step = ctx.rng.randint(1, STEPS - 2)
+    if not _wait_for(lambda: _steps_logged(dump) >= step, job, ctx.timeout):
+        job.kill9()
+        return "run ended early"
+    ranks = [p for p in (job.rank_pid(0), job.rank_pid(1)) if p is not None]
+    os.kill(job.proc.pid, signal.SIGKILL)  # run_train.sh execs the launcher: this is it
+    job.wait(10)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60 and any(Path(f"/proc/{p}").exists() for p in ranks):
+        time.sleep(0.1)
+    alive = [p for p in ranks if Path(f"/proc/{p}").exists()]
+    took = time.monotonic() - t0
+    for p in alive:
+        os.kill(p, signal.SIGKILL)
+    if alive or not ranks:
+        return f"ORPHANS KEPT RUNNING ({len(alive)} after 60s)" if alive else "ranks not found"
+    outcome = _resume_and_check(dump, ctx.ref, ctx.timeout)
+    return f"ok (orphans exited in {took:.0f}s)" if outcome == "ok" else outcome
+
+
+def second_job(ctx: Ctx, trial: int) -> str:
+    dump = ctx.out / f"second-job-{trial}"
+    shutil.rmtree(dump, ignore_errors=True)
+    # Long enough that the second launch (several seconds of startup) meets it running.
+    first = Job(dump, {"training.steps": 60, "checkpoint.interval": 20})
+    if not _wait_for(lambda: _steps_logged(dump) >= 1, first, ctx.timeout):
+        first.kill9()
+        return "run ended early"
+    holder = first.rank_pid(0)
+    second = Job(dump)
+    code2 = second.wait(ctx.timeout)
+    running = first.proc.poll() is None
+    out2 = second.output()
+    code1 = first.wait(ctx.timeout)
+    if code2 == 0:
+        return "SECOND WRITER ACCEPTED" if running else "first job ended before the second began"
+    named = f"in use by another job: pid {holder} on " in out2
+    got = read_metrics(dump)
+    bad = [s for s in range(1, STEPS + 1) if got.get(s, {}).get("digest") != ctx.ref[s]["digest"]]
+    why = (f"digests differ at {bad}" if bad else None) if code1 == 0 else f"exit {code1}"
+    if code2 == 2 and named and why is None:
+        return "refused, named the holder; first job ok"
+    return f"second exit {code2}, named={named}; first: {why or 'ok'}"
+
+
+def stopped_rank(ctx: Ctx, trial: int) -> str:
+    dump = ctx.out / f"stopped-{trial}"
+    shutil.rmtree(dump, ignore_errors=True)
+    timeout_s = 10
+    job = Job(dump, {"job.heartbeat_timeout_s": timeout_s, "training.steps": 200})
+    if not _wait_for(lambda: _steps_logged(dump) >= 2, job, ctx.timeout):
+        job.kill9()
+        return "run ended early"
+    pid = job.rank_pid(1)
+    if pid is None:
+        job.kill9()
+        return "rank 1 not found"
+    os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    code = job.wait(timeout_s + 60)
+    took = time.monotonic() - t0
+    leftovers = [p for p in job.tree() if p != job.proc.pid]
+    job.kill9()
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    out = job.output()
+    if code is None:
+        return f"HUNG (> {timeout_s + 60}s)"
+    named = "rank 1" in out and "heartbeat" in out
+    if code == 1 and named and not leftovers:
+        return f"exited in {took:.0f}s naming rank 1"
+    return f"exit {code} after {took:.0f}s, named={named}, leftovers={leftovers}"
+
+
+def _bad_record_recipe(ctx: Ctx, drop: bool) -> tuple[Path, str]:
+    """A copy of the sample mix with one malformed line in a record that only
+    rank 1 (of 2) reads in the first steps; returns (recipe, 'file:line')."""
+    from zephon import ZephonLoader, load_recipe
+
+    base = ctx.out / "bad-data"
+    if not (base / "where.json").exists():
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.copytree(REPO / "data" / "sample" / "prose", base / "prose")
+        shutil.copytree(REPO / "data" / "sample" / "code", base / "code")
+        src = (REPO / "train_configs" / "data" / "sample_mix.toml").read_text()
+        src = src.replace("../../data/sample/", "")
+        (base / "mix.toml").write_text(src)
+        loader = ZephonLoader(
+            load_recipe(base / "mix.toml"),
+            REPO / "assets" / "tokenizer" / "tokenizer.json",
+            64,
+            16,
+            2,
+            dp_rank=1,
+            dp_size=2,
+            num_workers=0,
+            prefetch=0,
+            trace=True,
+        )
+        loader.next_batch()
+        assert loader.traces is not None
+        lane = min(loader.traces)
+        source, doc = next((s, d) for s, d in loader.traces[lane] if s == 0)
+        reader = loader.ctx.readers[source]
+        part = int((reader.part_starts <= doc).nonzero()[0][-1])
+        f = reader.parts[part]
+        offset = int(f.starts[doc - int(reader.part_starts[part])])
+        loader.close()
+        data = Path(f.path).read_bytes()
+        line = data[:offset].count(b"\n") + 1
+        end = data.index(b"\n", offset)
+        Path(f.path).write_bytes(data[:offset] + b'{"text": "unterminated' + data[end:])
+        (base / "where.json").write_text(json.dumps({"where": f"{f.path}:{line}"}))
+    where = json.loads((base / "where.json").read_text())["where"]
+    if not drop:
+        return base / "mix.toml", where
+    text = (base / "mix.toml").read_text().replace("[recipe]\n", '[recipe]\nbad_records = "drop"\n')
+    (base / "mix_drop.toml").write_text(text)
+    return base / "mix_drop.toml", where
+
+
+def bad_record_rank1(ctx: Ctx, trial: int) -> str:
+    recipe, where = _bad_record_recipe(ctx, drop=False)
+    dump = ctx.out / f"bad-record-{trial}"
+    shutil.rmtree(dump, ignore_errors=True)
+    job = Job(dump, {"data.recipe": recipe})
+    code = job.wait(ctx.timeout)
+    out = job.output()
+    shown = out.count(where)
+    if code != 2 or shown != 1 or "Traceback" in out or "ChildFailedError" in out:
+        return f"exit {code}, message shown {shown}x, traceback={'Traceback' in out}"
+    recipe, _ = _bad_record_recipe(ctx, drop=True)
+    dump = ctx.out / f"bad-record-drop-{trial}"
+    shutil.rmtree(dump, ignore_errors=True)
+    job = Job(dump, {"data.recipe": recipe})
+    code = job.wait(ctx.timeout)
+    dropped = [r.get("bad_records_dropped") for r in read_metrics(dump).values()]
+    if code != 0 or not dropped or not dropped[-1]:
+        return f"drop run: exit {code}, dropped {dropped[-1:] or None}"
+    return f"exit 2, {where.rsplit('/', 1)[-1]} shown once; drop: ok, {dropped[-1]} dropped"
+
+
+# -- driver -----------------------------------------------------------------------------------
+
+
+class Ctx:
+    def __init__(self, out: Path, seed: int, timeout: float):
+        self.out, self.rng, self.timeout = out, random.Random(seed), timeout
+        self.ref_dump = out / "reference"
+        self.ref: dict[int, dict[str, Any]] = {}
+
+
+def run_scenario(ctx: Ctx, name: str, trial: int) -> str:
+    if name == "kill9_random":
+        return kill9(ctx, trial, in_save=False)
+    if name == "kill9_in_save":
+        return kill9(ctx, trial, in_save=True)
+    if name in CORRUPTIONS:
+        return corruption(ctx, trial, name)
+    if name == "kill_launcher_only":
+        return kill_launcher_only(ctx, trial)
+    if name == "second_job":
+        return second_job(ctx, trial)
+    if name == "stopped_rank":
+        return stopped_rank(ctx, trial)
+    return bad_record_rank1(ctx, trial)
+
+
+def _good(outcome: str) -> bool:
+    return outcome.startswith(("ok", "refused, named", "exited in", "exit 2,"))
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    rows = ["| scenario | trials | outcome |", "|---|---|---|"]
+    for r in results:
+        counts: dict[str, int] = {}
+        for o in r["outcomes"]:
+            counts[o] = counts.get(o, 0) + 1
+        text = "; ".join(f"{n}x {o}" for o, n in counts.items())
+        rows.append(f"| {r['scenario']} | {len(r['outcomes'])} | {text} |")
+    return "\n".join(rows)
+
+
+def report(doc: dict[str, Any]) -> str:
+    """The results page: the command, the setting and the table, from the raw JSON."""
+    return (
+        "# Fault injection\n\n"
+        f"`.venv/bin/python {doc['command']}`: {doc['steps']} steps of the debug model on 2 CPU "
+        f"processes through `run_train.sh`, a checkpoint every {doc['checkpoint_interval']} "
+        f"steps; {doc['wall_s']:.0f} s in all on a shared 2-core machine. Generated from "
+        "`fault_injection.json` (`scripts/fault_injection.py --render "
+        "docs/results/fault_injection.json`).\n\n" + table(doc["results"]) + "\n"
+    )
+
+
+def render(path: Path) -> int:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"error: {path}: cannot read the results: {exc}", file=sys.stderr)
+        return 2
+    text = report(doc)
+    path.with_suffix(".md").write_text(text)
+    print(text, end="")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--out", type=Path, default=REPO / "outputs" / "fault_injection")
+    p.add_argument("--trials", type=int, default=2, help="trials per scenario")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-limit", type=float, default=1800, help="seconds; no new trial after")
+    p.add_argument("--run-timeout", type=float, default=300, help="seconds per training run")
+    p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated subset")
+    p.add_argument("--render", type=Path, default=None, help="no runs: results.json -> .md")
+    a = p.parse_args(argv)
+    if a.render is not None:
+        return render(a.render)
+    names = [s for s in a.scenarios.split(",") if s]
+    unknown = [s for s in names if s not in SCENARIOS]
+    if unknown:
+        p.error(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)}")
+    ensure_sample_data()
+    a.out.mkdir(parents=True, exist_ok=True)
+    ctx = Ctx(a.out.resolve(), a.seed, a.run_timeout)
+    t_start = time.monotonic()
+    shutil.rmtree(ctx.ref_dump, ignore_errors=True)
+    ref = Job(ctx.ref_dump)
+    if ref.wait(a.run_timeout) != 0:
+        print(ref.output()[-3000:])
+        print("error: the reference run failed", file=sys.stderr)
+        return 2
+    ctx.ref = read_metrics(ctx.ref_dump)
+    results = []
+    for name in names:
+        outcomes = []
+        for trial in range(a.trials):
+            if time.monotonic() - t_start > a.time_limit:
+                break
+            t0 = time.monotonic()
+            outcome = run_scenario(ctx, name, trial)
+            outcomes.append(outcome)
+            print(f"{name} #{trial}: {outcome} ({time.monotonic() - t0:.0f}s)", flush=True)
+        results.append({"scenario": name, "outcomes": outcomes})
+    text = table(results)
+    print(text)
+    doc = {
+        "command": f"scripts/fault_injection.py --trials {a.trials} --seed {a.seed} "
+        f"--scenarios {','.join(names)}",
+        "seed": a.seed,
+        "trials": a.trials,
+        "steps": STEPS,
+        "checkpoint_interval": INTERVAL,
+        "wall_s": round(time.monotonic() - t_start, 1),
+        "results": results,
+    }
+    (a.out / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (a.out / "results.md").write_text(report(doc))
+    outcomes = [o for r in results for o in r["outcomes"]]
+    if any(lie in o for o in outcomes for lie in LIES):
+        return 1
+    return 0 if all(_good(o) for o in outcomes) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

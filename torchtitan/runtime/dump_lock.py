@@ -1,0 +1,133 @@
+"""One writer per dump folder: `<dump>/LOCK.json`, held by global rank 0's trainer.
+
+The lock names its holder (host, pid, process start time, job start) and a
+lease renewed every few seconds. A second job is refused with the holder's
+name while the holder lives: on the same host the pid must still run with the
+same start time; on another host the lease must be fresh. A dead holder's lock
+is taken over (with a warning).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+from torchtitan.components.manifest import CheckpointError
+
+logger = logging.getLogger("torchtitan")
+
+LOCK_FILE = "LOCK.json"
+LEASE_S = 60.0
+
+
+class DumpFolderLocked(CheckpointError):
+    """Another live job writes into this dump folder."""
+
+
+def _proc_start(pid: int) -> str | None:
+    """Start time of a process (clock ticks since boot), to tell a reused pid."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive_here(holder: dict[str, Any]) -> bool:
+    pid = int(holder.get("pid", -1))
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    start = _proc_start(pid)
+    return start is None or holder.get("proc_start") in (None, start)
+
+
+class DumpLock:
+    def __init__(self, dump_folder: str):
+        self.path = os.path.join(dump_folder, LOCK_FILE)
+        self.me = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "proc_start": _proc_start(os.getpid()),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        self.held = False
+        self._renewed = 0.0
+
+    def _doc(self) -> str:
+        return json.dumps({**self.me, "renewed": time.time(), "lease_s": LEASE_S})
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {}  # half-written or garbage: treated as a dead holder
+
+    def _holder_alive(self, holder: dict[str, Any]) -> bool:
+        if not holder:
+            return False
+        if holder.get("host") == self.me["host"]:
+            return _alive_here(holder)
+        return time.time() - float(holder.get("renewed", 0)) < float(holder.get("lease_s", LEASE_S))
+
+    def acquire(self) -> None:
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                holder = self._read()
+                if holder is None:
+                    continue  # released meanwhile: try again
+                if self._holder_alive(holder):
+                    raise DumpFolderLocked(
+                        f"{os.path.dirname(self.path)} is in use by another job: pid "
+                        f"{holder.get('pid')} on {holder.get('host')}, started "
+                        f"{holder.get('started')} ({self.path}). Stop that job or choose "
+                        "another --job.dump_folder"
+                    ) from None
+                logger.warning(
+                    f"taking over {self.path} from a job that is gone (pid {holder.get('pid')} "
+                    f"on {holder.get('host')}, started {holder.get('started')})"
+                )
+                # Rename away, then create exclusively: of two jobs taking over at
+                # once, only one wins the create.
+                try:
+                    os.replace(self.path, f"{self.path}.stale-{os.getpid()}")
+                    os.remove(f"{self.path}.stale-{os.getpid()}")
+                except FileNotFoundError:
+                    pass
+                continue
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(self._doc())
+            self.held, self._renewed = True, time.time()
+            return
+        raise DumpFolderLocked(f"{self.path}: could not take the lock (another job races for it)")
+
+    def renew(self) -> None:
+        """Refresh the lease (cheap; called from the monitor thread)."""
+        if not self.held or time.time() - self._renewed < LEASE_S / 6:
+            return
+        tmp = f"{self.path}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(self._doc())
+        os.replace(tmp, self.path)
+        self._renewed = time.time()
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        holder = self._read()
+        if holder and holder.get("pid") == self.me["pid"] and holder.get("host") == self.me["host"]:
+            os.remove(self.path)
+        self.held = False

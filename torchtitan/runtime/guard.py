@@ -1,0 +1,68 @@
+"""The trainer's side of the runtime checks, in one object: start the monitor,
+take the dump-folder lock (global rank 0), publish phases, report a failure.
+
+`set_phase` is module-level so the training loop can mark what it is doing
+without carrying the guard around.
+"""
+
+from __future__ import annotations
+
+from torchtitan.config.job_config import JobConfig
+from torchtitan.runtime import failure
+from torchtitan.runtime.dump_lock import DumpLock
+from torchtitan.runtime.monitor import RankMonitor, connect_store
+
+_current: JobGuard | None = None
+
+
+def set_phase(phase: str, step: int | None = None) -> None:
+    """What this rank does now ("data", "collective", "save"...), for the heartbeat."""
+    if _current is not None and _current.monitor is not None:
+        _current.monitor.set_phase(phase, step)
+
+
+class JobGuard:
+    def __init__(self, cfg: JobConfig, rank: int, world_size: int):
+        global _current
+        self.rank = rank
+        self.lock = DumpLock(cfg.job.dump_folder) if rank == 0 else None
+        store = connect_store()
+        on_tick = self.lock.renew if self.lock is not None else None
+        on_exit = self.lock.release if self.lock is not None else None
+        self.monitor: RankMonitor | None = RankMonitor(
+            store, rank, world_size, cfg.job.heartbeat_timeout_s, on_tick, on_exit
+        )
+        _current = self
+
+    def start(self) -> None:
+        """Start heartbeats, then (rank 0) take the lock: may raise DumpFolderLocked."""
+        assert self.monitor is not None
+        self.monitor.start()
+        if self.lock is not None:
+            self.lock.acquire()
+
+    def fail(self, exc: BaseException) -> int:
+        """Report why this rank stops; returns its exit code."""
+        kind, message = failure.describe(exc)
+        if kind == "crash" and self.monitor is not None:
+            # A broken collective is most often a peer that failed first: its
+            # report is the one to show, and this rank leaves quietly.
+            peer = self.monitor.wait_peer_failure(3 * self.monitor.interval)
+            if peer is not None:
+                return failure.KINDS.get(peer["kind"], failure.EXIT_CRASH)
+        return failure.report(self.rank, kind, message, self.monitor)
+
+    def close(self, code: int) -> None:
+        if code == 0 and self.monitor is not None:
+            self.monitor.stop()
+        if self.lock is not None:
+            self.lock.release()
+
+
+def fail_before_start(rank: int, exc: BaseException) -> int:
+    """A failure before the process group and store exist (bad config): every
+    rank has the same input, so rank 0 alone reports it."""
+    kind, message = failure.describe(exc)
+    if rank == 0:
+        failure.report(rank, kind, message, None)
+    return failure.KINDS[kind]

@@ -1,0 +1,89 @@
+"""`python -m torchtitan.runtime.launcher [torchrun arguments]`: torchrun that
+reports a failure once and exits 2 for the user's input, 1 for anything else.
+
+It runs torch.distributed.run in this process with an error folder for the
+node (`TORCHTITAN_ERROR_DIR`); a failing rank writes its message there (see
+failure.py). On failure the launcher prints that message, instead of
+torchrun's ChildFailedError report, whatever rank it came from, so
+`--local-ranks-filter 0` hides nothing. On node 0 a failure of another node
+arrives as global rank 0's summary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from typing import Any
+
+from torchtitan.runtime import failure
+
+
+def _records(folder: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    own, summary = [], None
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                rec = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if name == "summary.json":
+            summary = rec
+        else:
+            own.append(rec)
+    return own, summary
+
+
+def report_failures(folder: str, failures: dict[int, Any]) -> int:
+    """Print the failure once; returns the exit code."""
+    own, summary = _records(folder)
+    if own:
+        # The root cause is the earliest record; a user error outranks the
+        # secondary failures it causes.
+        rec = min(own, key=lambda r: (r["kind"] != "user", r["time"]))
+        # An error every rank hit alike (a bad checkpoint) is the job's, not rank k's.
+        rec = min((r for r in own if r["message"] == rec["message"]), key=lambda r: r["rank"])
+        print(failure.format_record(rec), file=sys.stderr, flush=True)
+        return failure.KINDS.get(rec["kind"], failure.EXIT_CRASH)
+    if summary:
+        print(failure.format_record(summary, summary=True), file=sys.stderr, flush=True)
+        return failure.KINDS.get(summary["kind"], failure.EXIT_CRASH)
+    lines = []
+    for rank, f in sorted(failures.items()):
+        code = getattr(f, "exitcode", None)
+        how = f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit {code}"
+        lines.append(f"rank {rank} {how}")
+    print(
+        "error: the job failed without a message from a rank (" + ", ".join(lines) + "); "
+        "see the log above",
+        file=sys.stderr,
+        flush=True,
+    )
+    return failure.EXIT_CRASH
+
+
+def main(argv: list[str] | None = None) -> int:
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    folder = tempfile.mkdtemp(prefix="torchtitan-errors-")
+    os.environ[failure.ERROR_DIR_ENV] = folder
+    # torchrun's own report of a failed worker repeats what report_failures says.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    try:
+        torchrun.run(torchrun.parse_args(sys.argv[1:] if argv is None else argv))
+        return 0
+    except ChildFailedError as exc:
+        return report_failures(folder, exc.failures)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
