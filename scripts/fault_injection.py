@@ -384,11 +384,11 @@ def _bad_record_recipe(ctx: Ctx, drop: bool) -> tuple[Path, str]:
         f = reader.parts[part]
         offset = int(f.starts[doc - int(reader.part_starts[part])])
         loader.close()
-        data = Path(f.path).read_bytes()
+        data = Path(f.origin).read_bytes()
         line = data[:offset].count(b"\n") + 1
         end = data.index(b"\n", offset)
-        Path(f.path).write_bytes(data[:offset] + b'{"text": "unterminated' + data[end:])
-        (base / "where.json").write_text(json.dumps({"where": f"{f.path}:{line}"}))
+        Path(f.origin).write_bytes(data[:offset] + b'{"text": "unterminated' + data[end:])
+        (base / "where.json").write_text(json.dumps({"where": f"{f.origin}:{line}"}))
     where = json.loads((base / "where.json").read_text())["where"]
     if not drop:
         return base / "mix.toml", where

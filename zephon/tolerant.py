@@ -33,6 +33,10 @@ class DroppingReader:
         self.dropped: dict[int, str] = {}  # document index -> why
         self._lock = threading.Lock()
 
+    def __getattr__(self, name: str) -> Any:
+        # Everything but read_range (e.g. remote_versions) is the wrapped reader's.
+        return getattr(self.reader, name)
+
     def read_range(self, start: int, end: int) -> list[Any]:
         try:
             return self.reader.read_range(start, end)
