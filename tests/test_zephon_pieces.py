@@ -28,8 +28,25 @@ def _long_mixed_texts() -> list[str]:
     """Prose and code glued with awkward whitespace, Unicode and special-token text."""
     rng = random.Random(11)
     parts = _sample_texts()
-    glue = ["\n", "\n\n", "  \n", " ", "\t\n  ", "\r\n", "\u00a0 ", "\u3000\n", "  ", "<|endoftext|>\n"]
-    extra = ["naïve café — 東京 🚀", "x = [1,  2,\t3]  # done", "''s 've   'll", "１２３ ٣٤ ⅷ", "a\u2028b"]
+    glue = [
+        "\n",
+        "\n\n",
+        "  \n",
+        " ",
+        "\t\n  ",
+        "\r\n",
+        "\u00a0 ",
+        "\u3000\n",
+        "  ",
+        "<|endoftext|>\n",
+    ]
+    extra = [
+        "naïve café — 東京 🚀",
+        "x = [1,  2,\t3]  # done",
+        "''s 've   'll",
+        "１２３ ٣٤ ⅷ",
+        "a\u2028b",
+    ]
     out = []
     for k in range(3):
         rng.shuffle(parts)

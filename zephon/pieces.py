@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+
 import numpy as np
 
 from zephon.tokenize import TokenizerInfo, encode_texts

@@ -482,4 +482,3 @@ class DemandScheduler:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-
