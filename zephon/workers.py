@@ -81,6 +81,7 @@ class Feed:
         self.dead = False
         self.error: BaseException | None = None
         self.taken = 0
+        self.sched_tokens = 0  # tokens of slots[:sched] (estimated while queued)
         self.next_block: tuple[int, int, int] | None = None
         if not retired:
             if pos >= plan.lane_docs(epoch, lane.lane):
@@ -105,30 +106,33 @@ class Feed:
             self.next_block = (epoch + 1, 0, 0) if self.repeat else None
         return epoch, int(blocks[j]), skip
 
-    def ahead(self, start: int) -> int:
-        """Tokens (estimated while queued) of slots[start:sched]."""
-        total = 0
-        for k in range(start, self.sched):
-            slot = self.slots[k]
-            total += len(slot.ids) if slot.ids is not None else slot.est
-        return total
-
 
 class LaneDemand:
     """The scheduler's view of one lane: its mixer state and where it stands.
 
-    counts and offset follow the lane's real picks (updated in `take`); the
-    simulation starts from them."""
+    counts and offset follow the lane's real picks (updated in `take`). The
+    simulation runs ahead of them over tokenized documents; since documents
+    only ever become tokenized (never the reverse) it is resumed, not redone:
+    a real pick is the simulation's first step, so it only shifts sim_idx."""
 
-    def __init__(self, lane: int, order: int, counts: Sequence[int], offset: int):
+    def __init__(
+        self, lane: int, order: int, counts: Sequence[int], offset: int, weights: list, unit: str
+    ):
         self.lane, self.order = lane, order
         self.feeds: list[Feed] = []
         self.counts = list(counts)
         self.offset = offset  # lane-stream token offset where its next document starts
-        self.dirty = True
-        self.sim_idx: list[int] = []
-        self.sim_offset = offset
+        self.weights, self.unit = weights, unit
+        self.restart()
+
+    def restart(self) -> None:
+        """Start the simulation again from the lane's real state."""
+        self.sim_mix = Mixer(self.weights, self.unit, self.counts)
+        self.sim_idx = [0] * len(self.feeds)
+        self.sim_tokens = [0] * len(self.feeds)  # tokens of each feed's simulated slots
+        self.sim_offset = self.offset
         self.frontier = -1
+        self.dirty = True
 
 
 class DemandScheduler:
@@ -200,7 +204,7 @@ class DemandScheduler:
 
     def add_lane(self, lane: int, counts: Sequence[int], offset: int) -> LaneDemand:
         with self.cond:
-            ld = LaneDemand(lane, len(self.lanes), counts, offset)
+            ld = LaneDemand(lane, len(self.lanes), counts, offset, self.weights, self.unit)
             self.lanes.append(ld)
             return ld
 
@@ -208,8 +212,7 @@ class DemandScheduler:
         with self.cond:
             feed = Feed(ld, source, *feed_args)
             ld.feeds.append(feed)
-            ld.sim_idx.append(0)
-            ld.dirty = True
+            ld.restart()
             return feed
 
     def reset(self) -> None:
@@ -252,11 +255,16 @@ class DemandScheduler:
                     feed.taken += 1
                     ids = slot.ids
                     assert ids is not None
-                    ld = feed.lane
-                    ld.counts[feed.source] += len(ids) if self.unit == "tokens" else 1
-                    ld.offset += len(ids)
-                    ld.dirty = True
-                    self.used -= len(ids)
+                    ld, k, n = feed.lane, feed.source, len(ids)
+                    ld.counts[k] += n if self.unit == "tokens" else 1
+                    ld.offset += n
+                    feed.sched_tokens -= n
+                    if ld.sim_idx[k] > 0:  # the simulation had already made this pick
+                        ld.sim_idx[k] -= 1
+                        ld.sim_tokens[k] -= n
+                    else:
+                        ld.restart()
+                    self.used -= n
                     self.waiting.discard(feed)
                     if self.idle:
                         self.cond.notify_all()
@@ -282,25 +290,24 @@ class DemandScheduler:
         when it first needs a document that is not tokenized yet."""
         if not ld.dirty:
             return
-        feeds = ld.feeds
-        mix = Mixer(self.weights, self.unit, ld.counts)
-        idx = [0] * len(feeds)
-        offset, frontier = ld.offset, -1
+        feeds, mix, idx = ld.feeds, ld.sim_mix, ld.sim_idx
+        offset, frontier = ld.sim_offset, -1
         while True:
             active = [idx[k] < len(f.slots) or f.has_more() for k, f in enumerate(feeds)]
             if not any(active):
                 break
             k = mix.choose(active)
             f = feeds[k]
-            if idx[k] < len(f.slots) and f.slots[idx[k]].ids is not None:
-                n = len(f.slots[idx[k]].ids)  # type: ignore[arg-type]
-                mix.record(k, n)
-                offset += n
-                idx[k] += 1
-            else:
+            ids = f.slots[idx[k]].ids if idx[k] < len(f.slots) else None
+            if ids is None:
                 frontier = k
                 break
-        ld.sim_idx, ld.sim_offset, ld.frontier, ld.dirty = idx, offset, frontier, False
+            n = len(ids)
+            mix.record(k, n)
+            offset += n
+            idx[k] += 1
+            ld.sim_tokens[k] += n
+        ld.sim_offset, ld.frontier, ld.dirty = offset, frontier, False
 
     def _entry(self, ld: LaneDemand, k: int, f: Feed) -> tuple | None:
         """Heap entry (step, lane order, offset, seq, feed) for the feed's next work."""
@@ -313,7 +320,8 @@ class DemandScheduler:
         exact = ld.frontier == k and ld.sim_idx[k] == f.sched
         if not self.warm and not exact:
             return None
-        est = ld.sim_offset + int(f.ahead(ld.sim_idx[k]) / self.shares[k])
+        ahead = f.sched_tokens - ld.sim_tokens[k]  # tokens queued or ready beyond the simulation
+        est = ld.sim_offset + int(ahead / self.shares[k])
         step = est // self.step_tokens
         if not self.warm and step > self.floor:
             return None
@@ -349,6 +357,7 @@ class DemandScheduler:
                 break  # later entries are later steps: the budget holds them all back
             needed = needed or must
             f.sched += 1
+            f.sched_tokens += est
             slot.est = est
             self.used += est
             est_total += est
@@ -357,7 +366,7 @@ class DemandScheduler:
                 entry = self._entry(f.lane, f.source, f)
                 if entry is not None:
                     heapq.heappush(heap, entry)
-        if batch and not needed and not reads and est_total < self.budget // 8:
+        if batch and not needed and not reads and est_total < self.budget // 4:
             # Only a little speculative work: wait until more budget is free, so
             # that calls stay large.
             for slot in reversed(batch):
@@ -369,6 +378,7 @@ class DemandScheduler:
     def _unqueue(self, slot: _Slot) -> None:
         """Give back the last slot queued on its feed (batch undone in reverse order)."""
         slot.feed.sched -= 1
+        slot.feed.sched_tokens -= slot.est
         self.used -= slot.est
         slot.est = 0
 
@@ -397,6 +407,7 @@ class DemandScheduler:
             s.ids = ids[k]
             n = len(s.ids)
             self.used += n - s.est
+            f.sched_tokens += n - s.est
             self.counts["docs_tokenized"] += 1
             self.counts["tokens_tokenized"] += n
             self.counts["chars_tokenized"] += len(texts[k])
@@ -437,6 +448,7 @@ class DemandScheduler:
                 n = sum(len(s.ids) for s in slots)  # type: ignore[arg-type]
                 f.sched = len(f.slots)  # nothing to tokenize
                 self.used += n
+                f.sched_tokens += n
                 self.counts["docs_pretokenized"] += len(slots)
                 self.counts["tokens_pretokenized"] += n
             f.lane.dirty = True
