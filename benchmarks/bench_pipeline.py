@@ -435,10 +435,10 @@ def run_restore(
                 batch = ld.next_batch()
                 t2, c2 = time.perf_counter(), time.process_time()
                 cpu[step].append(c2 - c0)
-                first = ld.stats()["first_batch"]
-                tokenized[step].append((first["docs_tokenized"], first["tokens_tokenized"]))
+                fb = ld.stats()["first_batch"]
+                tokenized[step].append((fb["docs_tokenized"], fb["tokens_tokenized"]))
                 replay[step] = ld.stats()["replay"]
-                row_tokens = first["row_tokens"]
+                row_tokens = fb["row_tokens"]
             finally:
                 ld.close()
             verify(step, batch)

@@ -282,9 +282,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long-steps", type=int, default=200)
     p.add_argument("--work", default=str(REPO / "outputs" / "bench_scale"))
     p.add_argument("--out", default=str(REPO / "docs" / "results" / "bench_scale"))
+    p.add_argument(
+        "--render", action="store_true", help="only rewrite <out>.md and the README from <out>.json"
+    )
     a = p.parse_args(argv)
     if a.child:
         print(json.dumps(CHILDREN[a.child](a)))
+        return 0
+    out = Path(a.out)
+    if a.render:
+        publish(out, json.loads(out.with_suffix(".json").read_text()))
         return 0
 
     work = Path(a.work).resolve()
@@ -319,12 +326,24 @@ def main(argv: list[str] | None = None) -> int:
     if a.long_doc_mb:
         result["long_document"] = long_doc_check(a, work)
     result["loadavg_end"] = os.getloadavg()
-    out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    out.with_suffix(".md").write_text(render(result))
-    print(render(result))
+    publish(out, result)
     return 0
+
+
+def publish(out: Path, result: dict[str, Any]) -> None:
+    """Write the table; the committed one (docs/results) is also quoted in the README."""
+    text = render(result)
+    out.with_suffix(".md").write_text(text)
+    print(text)
+    readme = REPO / "README.md"
+    begin, end = "<!-- bench_scale:begin -->", "<!-- bench_scale:end -->"
+    if out.resolve() == (REPO / "docs" / "results" / "bench_scale").resolve():
+        body = readme.read_text()
+        if begin in body and end in body:
+            head, rest = body.split(begin, 1)
+            readme.write_text(head + begin + "\n" + text + rest[rest.index(end) :])
 
 
 def render(r: dict[str, Any]) -> str:
