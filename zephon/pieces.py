@@ -31,6 +31,7 @@ import numpy as np
 from zephon.tokenize import TokenizerInfo, encode_texts
 
 PIECE_CHARS = 32_768  # texts up to twice this are encoded whole
+CALL_CHARS = 1 << 20  # characters per encode_batch call when a text is cut
 # A cut point: a space or newline right after a non-whitespace character.
 # Python's \S excludes every Unicode White_Space character (and a few more),
 # so a match here is also a boundary for the tokenizer's \s.
@@ -103,7 +104,17 @@ def encode_documents(
         cuts = cut_points(text, piece_chars)
         spans.append((len(flat), len(cuts)))
         flat.extend(text[a:b] for a, b in zip(cuts, cuts[1:] + [len(text)], strict=True))
-    encoded = encode_texts(flat, tok)
+    # Calls of at most CALL_CHARS: the tokenizer's per-token Encoding objects of a
+    # whole multi-megabyte document would otherwise all be alive at once.
+    encoded: list[np.ndarray] = []
+    at = 0
+    while at < len(flat):
+        end, size = at, 0
+        while end < len(flat) and (end == at or size + len(flat[end]) <= CALL_CHARS):
+            size += len(flat[end])
+            end += 1
+        encoded += encode_texts(flat[at:end], tok)
+        at = end
     pre, suf = _wrap_lengths(tok)
     out: list[np.ndarray] = []
     for at, k in spans:

@@ -42,7 +42,7 @@ from zephon.mixing import Mixer
 from zephon.pieces import encode_documents
 from zephon.shuffle import SourcePlan
 from zephon.sources import SourceReader
-from zephon.tokenize import TokenizerInfo, check_token_ids, read_block
+from zephon.tokenize import RawBlock, TokenizerInfo, check_token_ids
 
 
 class _Slot:
@@ -83,6 +83,13 @@ class Feed:
         self.taken = 0
         self.sched_tokens = 0  # tokens of slots[:sched] (estimated while queued)
         self.next_block: tuple[int, int, int] | None = None
+        # The block being read: its first document and the visiting order left to read.
+        self.block_start = self.block_end = 0
+        self.block_left: np.ndarray = np.zeros(0, dtype=np.int64)
+        # JSONL is read by document (an offset read each), so a lane holds the text of
+        # the documents it is about to need, not of a whole block; other formats
+        # (row groups, Arrow slices) are read a block at a time.
+        self.by_document = reader.spec.format == "jsonl"
         if not retired:
             if pos >= plan.lane_docs(epoch, lane.lane):
                 if not repeat:
@@ -93,18 +100,28 @@ class Feed:
 
     def has_more(self) -> bool:
         """Whether documents beyond the slots already read will come."""
-        return self.next_block is not None or self.reading
+        return self.next_block is not None or self.reading or len(self.block_left) > 0
 
-    def advance(self) -> tuple[int, int, int]:
-        """The block to read now; moves `next_block` to the one after it."""
-        assert self.next_block is not None
-        epoch, j, skip = self.next_block
-        blocks, _ = self.plan.lane_blocks(epoch, self.lane.lane)
-        if j + 1 < len(blocks):
-            self.next_block = (epoch, j + 1, 0)
-        else:
-            self.next_block = (epoch + 1, 0, 0) if self.repeat else None
-        return epoch, int(blocks[j]), skip
+    def can_read(self) -> bool:
+        return not self.reading and (self.next_block is not None or len(self.block_left) > 0)
+
+    def advance(self, docs: int) -> tuple[int, np.ndarray]:
+        """The documents to read now (block start, offsets in visiting order): up to
+        `docs` of them when reading by document, else the rest of the block."""
+        if not len(self.block_left):
+            assert self.next_block is not None
+            epoch, j, skip = self.next_block
+            blocks, _ = self.plan.lane_blocks(epoch, self.lane.lane)
+            if j + 1 < len(blocks):
+                self.next_block = (epoch, j + 1, 0)
+            else:
+                self.next_block = (epoch + 1, 0, 0) if self.repeat else None
+            block = int(blocks[j])
+            self.block_start, self.block_end = self.plan.block_range(block)
+            self.block_left = self.plan.block_order(epoch, block)[skip:]
+        take = docs if self.by_document else len(self.block_left)
+        chunk, self.block_left = self.block_left[:take], self.block_left[take:]
+        return self.block_start, chunk
 
 
 class LaneDemand:
@@ -177,7 +194,7 @@ class DemandScheduler:
         self.error: BaseException | None = None  # a fault in the scheduler itself
         self.idle = 0
         self._reset_counts()
-        self._pool = ThreadPoolExecutor(workers, "zephon-reader") if workers > 0 else None
+        self._pool = ThreadPoolExecutor(workers, "zephon-worker") if workers > 0 else None
         self._threads: list[threading.Thread] = []
         if workers > 0:
             self._threads = [
@@ -194,7 +211,7 @@ class DemandScheduler:
             "chars_tokenized": 0,
             "docs_pretokenized": 0,
             "tokens_pretokenized": 0,
-            "blocks_read": 0,
+            "read_calls": 0,
             "docs_read": 0,
             "encode_calls": 0,
             "lookahead_peak_tokens": 0,
@@ -313,7 +330,7 @@ class DemandScheduler:
         """Heap entry (step, lane order, offset, seq, feed) for the feed's next work."""
         if f.dead or f.error is not None:
             return None
-        if f.sched >= len(f.slots) and (f.reading or f.next_block is None):
+        if f.sched >= len(f.slots) and not f.can_read():
             return None  # nothing to tokenize and nothing to read now
         if f in self.waiting and f.sched == 0:
             return (-1, ld.order, 0, next(self._seq), f)
@@ -327,7 +344,7 @@ class DemandScheduler:
             return None
         return (step, ld.order, est, next(self._seq), f)
 
-    def _plan(self) -> tuple[list[_Slot], list[tuple[Feed, tuple[int, int, int]]]]:
+    def _plan(self) -> tuple[list[_Slot], list[tuple[Feed, tuple[int, np.ndarray]]]]:
         """Choose documents to tokenize and blocks to read, in order of need."""
         if self.closed:
             return [], []
@@ -342,13 +359,14 @@ class DemandScheduler:
                     heap.append(entry)
         heapq.heapify(heap)
         batch: list[_Slot] = []
-        reads: list[tuple[Feed, tuple[int, int, int]]] = []
+        reads: list[tuple[Feed, tuple[int, np.ndarray]]] = []
         est_total, needed = 0, False
         while heap and len(batch) < self.max_docs and est_total < self.call_tokens:
             step, _, _, _, f = heapq.heappop(heap)
             if f.sched >= len(f.slots):
                 f.reading = True
-                reads.append((f, f.advance()))
+                # Before the first batch, only the next few documents; then more at once.
+                reads.append((f, f.advance(16 if self.warm else 2)))
                 continue
             slot = f.slots[f.sched]
             est = max(1, int(len(slot.text) * self.tokens_per_char)) + 1
@@ -417,12 +435,13 @@ class DemandScheduler:
             self.tokens_per_char = c["tokens_tokenized"] / c["chars_tokenized"]
         self.cond.notify_all()
 
-    def _read(self, f: Feed, block: tuple[int, int, int]) -> None:
-        """Read one block of a feed (lock released) and add its documents (lock held)."""
-        epoch, b, skip = block
+    def _read(self, f: Feed, chunk: tuple[int, np.ndarray]) -> None:
+        """Read documents of a feed (lock released) and add them (lock held)."""
+        start, order = chunk
+        span = (f.block_start, f.block_end)
         self.cond.release()
         try:
-            raw = read_block(f.reader, f.plan, epoch, b, skip)
+            raw = _read_docs(f.reader, start, order, f.by_document, span)
             if f.reader.spec.pretokenized:
                 done = check_token_ids(raw, f.reader, self.tok)
                 slots = [
@@ -442,7 +461,7 @@ class DemandScheduler:
         if not f.dead:
             f.error = f.error or err
             f.slots.extend(slots)
-            self.counts["blocks_read"] += 1
+            self.counts["read_calls"] += 1
             self.counts["docs_read"] += len(slots)
             if f.reader.spec.pretokenized:
                 n = sum(len(s.ids) for s in slots)  # type: ignore[arg-type]
@@ -480,7 +499,7 @@ class DemandScheduler:
                 self.cond.notify_all()
                 raise
 
-    def _read_locked(self, f: Feed, block: tuple[int, int, int]) -> None:
+    def _read_locked(self, f: Feed, block: tuple[int, np.ndarray]) -> None:
         with self.cond:
             self._read(f, block)
 
@@ -494,3 +513,25 @@ class DemandScheduler:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def _read_docs(
+    reader: SourceReader, start: int, order: np.ndarray, by_document: bool, span: tuple[int, int]
+) -> RawBlock:
+    """Documents start + order (offsets in a block, in visiting order), read one
+    by one or as the span they cover."""
+    if not len(order):
+        return RawBlock([], start + order)
+    if by_document:
+        try:
+            values = [reader.read_range(start + i, start + i + 1)[0] for i in order.tolist()]
+        except Exception:
+            # Report the block's first bad record in file order, as a block read does
+            # (the same error whatever the lookahead or worker count).
+            reader.read_range(*span)
+            raise
+    else:
+        lo, hi = int(order.min()), int(order.max()) + 1
+        raw = reader.read_range(start + lo, start + hi)
+        values = [raw[i - lo] for i in order.tolist()]
+    return RawBlock(values, start + order)
