@@ -366,7 +366,7 @@ class DemandScheduler:
             if f.sched >= len(f.slots):
                 f.reading = True
                 # Before the first batch, only the next few documents; then more at once.
-                reads.append((f, f.advance(16 if self.warm else 2)))
+                reads.append((f, f.advance(64 if self.warm else 2)))
                 continue
             slot = f.slots[f.sched]
             est = max(1, int(len(slot.text) * self.tokens_per_char)) + 1
@@ -384,12 +384,12 @@ class DemandScheduler:
                 entry = self._entry(f.lane, f.source, f)
                 if entry is not None:
                     heapq.heappush(heap, entry)
-        if batch and not needed and not reads and est_total < self.budget // 4:
-            # Only a little speculative work: wait until more budget is free, so
-            # that calls stay large.
+        if batch and not needed and est_total < self.budget // 4:
+            # Only a little speculative work: wait until more budget is free (or
+            # more is read), so that calls stay large.
             for slot in reversed(batch):
                 self._unqueue(slot)
-            return [], []
+            batch = []
         self.counts["lookahead_peak_tokens"] = max(self.counts["lookahead_peak_tokens"], self.used)
         return batch, reads
 
