@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recipe", default="")
     p.add_argument("--state", default="")
     p.add_argument("--size-mb", type=int, default=100)
-    p.add_argument("--lanes", type=int, nargs="+", default=[8, 64, 256])
+    p.add_argument("--lanes", type=int, nargs="+", default=[1, 8, 64, 256])
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--global-batch", type=int, default=256)
     p.add_argument("--flush-interval", type=int, default=40)

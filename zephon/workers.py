@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -43,6 +43,11 @@ from zephon.pieces import encode_documents
 from zephon.shuffle import SourcePlan
 from zephon.sources import SourceReader
 from zephon.tokenize import RawBlock, TokenizerInfo, check_token_ids
+
+# Documents at least this long keep their ids in a small cache: a lane that
+# draws one again (another epoch, another lane) does not tokenize it again.
+LONG_CHARS = 1 << 16
+LONG_CACHE_BYTES = 64 << 20
 
 
 class _Slot:
@@ -194,6 +199,9 @@ class DemandScheduler:
         self.error: BaseException | None = None  # a fault in the scheduler itself
         self.idle = 0
         self._reset_counts()
+        # ids of long documents by (source, document): a pure function of the data.
+        self._long: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+        self._long_bytes = 0
         self._pool = ThreadPoolExecutor(workers, "zephon-worker") if workers > 0 else None
         self._threads: list[threading.Thread] = []
         if workers > 0:
@@ -214,6 +222,8 @@ class DemandScheduler:
             "read_calls": 0,
             "docs_read": 0,
             "encode_calls": 0,
+            "docs_from_cache": 0,
+            "tokens_from_cache": 0,
             "lookahead_peak_tokens": 0,
         }
 
@@ -360,18 +370,24 @@ class DemandScheduler:
         heapq.heapify(heap)
         batch: list[_Slot] = []
         reads: list[tuple[Feed, tuple[int, np.ndarray]]] = []
-        est_total, needed = 0, False
+        est_total, needed, held_back = 0, False, False
         while heap and len(batch) < self.max_docs and est_total < self.call_tokens:
             step, _, _, _, f = heapq.heappop(heap)
             if f.sched >= len(f.slots):
                 f.reading = True
-                # Before the first batch, only the next few documents; then more at once.
-                reads.append((f, f.advance(64 if self.warm else 2)))
+                reads.append((f, f.advance(self._read_docs())))
                 continue
             slot = f.slots[f.sched]
+            if len(slot.text) >= LONG_CHARS and self._cached(f, slot):
+                if self.warm:
+                    entry = self._entry(f.lane, f.source, f)
+                    if entry is not None:
+                        heapq.heappush(heap, entry)
+                continue
             est = max(1, int(len(slot.text) * self.tokens_per_char)) + 1
             must = step <= self.floor
             if not must and self.used + est > self.budget:
+                held_back = True
                 break  # later entries are later steps: the budget holds them all back
             needed = needed or must
             f.sched += 1
@@ -384,14 +400,49 @@ class DemandScheduler:
                 entry = self._entry(f.lane, f.source, f)
                 if entry is not None:
                     heapq.heappush(heap, entry)
-        if batch and not needed and est_total < self.budget // 4:
-            # Only a little speculative work: wait until more budget is free (or
-            # more is read), so that calls stay large.
+        if batch and not needed and held_back and est_total < self.budget // 4:
+            # Only a little speculative work, held back by the budget: wait until
+            # more of it is free, so that calls stay large.
             for slot in reversed(batch):
                 self._unqueue(slot)
             batch = []
         self.counts["lookahead_peak_tokens"] = max(self.counts["lookahead_peak_tokens"], self.used)
         return batch, reads
+
+    def _read_docs(self) -> int:
+        """Documents per read: a few before the first batch; then each feed's share
+        of the lookahead budget, so that text read ahead follows the budget too."""
+        if not self.warm:
+            return 2
+        c = self.counts
+        per_doc = c["tokens_tokenized"] / c["docs_tokenized"] if c["docs_tokenized"] else 256
+        feeds = sum(len(ld.feeds) for ld in self.lanes) or 1
+        return int(min(256, max(2, self.budget / feeds / max(per_doc, 1.0))))
+
+    def _cached(self, f: Feed, slot: _Slot) -> bool:
+        """Serve a long document from the cache, if it is there."""
+        ids = self._long.get((f.source, slot.doc_id))
+        if ids is None:
+            return False
+        self._long.move_to_end((f.source, slot.doc_id))
+        slot.ids, slot.text = ids, None
+        f.sched += 1
+        f.sched_tokens += len(ids)
+        self.used += len(ids)
+        self.counts["docs_from_cache"] += 1
+        self.counts["tokens_from_cache"] += len(ids)
+        f.lane.dirty = True
+        self.cond.notify_all()
+        return True
+
+    def _remember(self, source: int, doc_id: int, ids: np.ndarray) -> None:
+        if ids.nbytes > LONG_CACHE_BYTES // 2:
+            return
+        self._long[(source, doc_id)] = ids
+        self._long_bytes += ids.nbytes
+        while self._long_bytes > LONG_CACHE_BYTES:
+            _, old = self._long.popitem(last=False)
+            self._long_bytes -= old.nbytes
 
     def _unqueue(self, slot: _Slot) -> None:
         """Give back the last slot queued on its feed (batch undone in reverse order)."""
@@ -429,6 +480,8 @@ class DemandScheduler:
             self.counts["docs_tokenized"] += 1
             self.counts["tokens_tokenized"] += n
             self.counts["chars_tokenized"] += len(texts[k])
+            if len(texts[k]) >= LONG_CHARS:
+                self._remember(f.source, s.doc_id, s.ids)
             f.lane.dirty = True
         c = self.counts
         if c["chars_tokenized"]:
