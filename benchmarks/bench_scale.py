@@ -22,7 +22,7 @@ The machine used for the committed figures was shared with other jobs: time
 ratios are noisy; counts and RSS are not.
 
     python benchmarks/bench_scale.py                      # ~100 MB, about ten minutes on 2 cores
-    python benchmarks/bench_scale.py --size-mb 1000 --lanes 8 32 64 256 \\
+    python benchmarks/bench_scale.py --size-mb 1000 --lanes 1 8 32 64 256 1024 \\
         --seq-len 2048 --global-batch 512 --out outputs/bench_scale_1g
 """
 
