@@ -370,7 +370,7 @@ class DemandScheduler:
         heapq.heapify(heap)
         batch: list[_Slot] = []
         reads: list[tuple[Feed, tuple[int, np.ndarray]]] = []
-        est_total, needed, held_back = 0, False, False
+        est_total, needed, held_back, cached = 0, False, False, False
         while heap and len(batch) < self.max_docs and est_total < self.call_tokens:
             step, _, _, _, f = heapq.heappop(heap)
             if f.sched >= len(f.slots):
@@ -379,6 +379,7 @@ class DemandScheduler:
                 continue
             slot = f.slots[f.sched]
             if len(slot.text) >= LONG_CHARS and self._cached(f, slot):
+                cached = True  # served: the batch can no longer be undone slot by slot
                 if self.warm:
                     entry = self._entry(f.lane, f.source, f)
                     if entry is not None:
@@ -400,7 +401,7 @@ class DemandScheduler:
                 entry = self._entry(f.lane, f.source, f)
                 if entry is not None:
                     heapq.heappush(heap, entry)
-        if batch and not needed and held_back and est_total < self.budget // 4:
+        if batch and not needed and held_back and not cached and est_total < self.budget // 4:
             # Only a little speculative work, held back by the budget: wait until
             # more of it is free, so that calls stay large.
             for slot in reversed(batch):
