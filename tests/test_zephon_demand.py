@@ -161,3 +161,30 @@ def test_restored_source_counts_match(make_recipe, tokenizer_path):
     got = [[b.source_tokens.tolist() for b in (ld.next_batch() for ld in resumed)]]
     close(resumed)
     assert got == expected
+
+
+def test_long_documents_drawn_again_give_the_same_batches(tmp_path, tokenizer_path):
+    """Long documents (encoded in pieces, their ids cached) under a tiny lookahead
+    budget, drawn again in later epochs: the same batches as the inline default."""
+    from conftest import synthetic_docs, write_jsonl
+
+    long_docs = [" ".join(synthetic_docs(700, seed=40 + k)) for k in range(16)]
+    assert min(len(d) for d in long_docs) > 70_000
+    write_jsonl(tmp_path / "long.jsonl", long_docs)
+    write_jsonl(tmp_path / "short.jsonl", synthetic_docs(200, seed=9))
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(
+        '[recipe]\nname = "long"\nlanes = 8\n[shuffle]\nblock_size = 2\n'
+        f'[execution]\ncache_dir = "{tmp_path / "cache"}"\n'
+        '[[source]]\nname = "long"\npath = "long.jsonl"\n'
+        '[[source]]\nname = "short"\npath = "short.jsonl"\n'
+    )
+    kw = {"seq_len": 1024, "global_batch_size": 64}
+    ref = make_ranks(recipe, tokenizer_path, 1, num_workers=0, prefetch=0, **kw)
+    expected = step_digests(ref, 14)
+    close(ref)
+    for budget in (300, None):
+        loaders = make_ranks(recipe, tokenizer_path, 2, lookahead_tokens=budget, **kw)
+        assert step_digests(loaders, 14) == expected, budget
+        assert sum(ld.stats()["work"]["docs_from_cache"] for ld in loaders) > 0
+        close(loaders)
