@@ -20,16 +20,17 @@ def test_same_digests_for_every_dp_workers_and_prefetch(make_recipe, tokenizer_p
     close(ref_loaders)
     assert len(set(reference)) == STEPS  # steps really differ from one another
     for dp in (1, 2, 4, 8):
-        for workers, prefetch, block_prefetch in ((1, 1, 1), (4, 3, 2), (4, 0, 4)):
+        # lookahead_tokens: tiny (a document at a time), a few rows, and the default
+        for workers, prefetch, lookahead in ((1, 1, 1), (4, 3, 100), (4, 0, None), (0, 1, 7)):
             loaders = make_ranks(
                 recipe,
                 tokenizer_path,
                 dp,
                 num_workers=workers,
                 prefetch=prefetch,
-                block_prefetch=block_prefetch,
+                lookahead_tokens=lookahead,
             )
-            assert step_digests(loaders, STEPS) == reference, (dp, workers, prefetch)
+            assert step_digests(loaders, STEPS) == reference, (dp, workers, prefetch, lookahead)
             close(loaders)
 
 

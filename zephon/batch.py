@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,6 +22,12 @@ class Batch:
     positions restart at 0 at every document start (and at row starts).
     digests: 32-byte digests of the units this rank contributes to the
     global batch digest, in canonical order (lanes for Zephon).
+    source_tokens, source_docs: int64 arrays in recipe source order (Zephon
+    only; None otherwise): tokens of this batch's rows (seq_len + 1 each,
+    padding excluded) that came from each source, and the documents whose
+    first token is in these rows. Summed over ranks they are the same for
+    every data-parallel size. Not part of the digest.
+    source_names: the recipe's source names, in that order.
     """
 
     step: int
@@ -29,6 +35,9 @@ class Batch:
     labels: torch.Tensor
     positions: torch.Tensor
     digests: list[bytes]
+    source_tokens: np.ndarray | None = None
+    source_docs: np.ndarray | None = None
+    source_names: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def num_rows(self) -> int:

@@ -3,8 +3,9 @@
 The lane is the accumulator side of the pipeline: single-threaded, it decides
 which source the next document comes from (Mixer), walks each source in its
 shuffled order (SourceCursor) and packs documents into rows (packing.py).
-Tokenized blocks come from workers through futures consumed in submission
-order, so the worker count and prefetch depth never change the output.
+Documents come from the scheduler (workers.py) feed by feed, each feed in its
+fixed visiting order, so the worker count, lookahead and prefetch depth never
+change the output.
 
 A lane's whole position is a small snapshot: per source (epoch, documents
 taken, retired), the mixing counters, and for `concat` the tokens of the
@@ -15,7 +16,6 @@ their row index; a resume restores one and replays to the consumed row.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,10 +26,8 @@ from zephon.packing import BestFitPacker, ConcatPacker
 from zephon.recipe import Recipe
 from zephon.shuffle import SourcePlan
 from zephon.sources import SourceReader
-from zephon.tokenize import TokenizedBlock, TokenizerInfo
-
-# submit(reader, plan, epoch, block, skip) -> handle with .result() and .cancel()
-Submit = Callable[[SourceReader, SourcePlan, int, int, int], Any]
+from zephon.tokenize import TokenizerInfo
+from zephon.workers import DemandScheduler, Feed
 
 
 @dataclass
@@ -41,34 +39,45 @@ class PipelineContext:
     plans: list[SourcePlan]
     tok: TokenizerInfo
     row_len: int
-    submit: Submit
-    block_prefetch: int
+    work: DemandScheduler
+
+
+class SourceIds(np.ndarray):
+    """A document's token ids, tagged with its source; slices keep the tag.
+
+    `meta` is [source, first token emitted]: shared by every slice of the
+    document, so a row can count the documents that start in it."""
+
+    meta: list
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.meta = getattr(obj, "meta", None)  # type: ignore[assignment]
 
 
 class SourceCursor:
-    """A lane's position in one source, with tokenized blocks prefetched ahead."""
+    """A lane's position in one source; documents come from the scheduler's feed."""
 
     def __init__(
-        self, ctx: PipelineContext, source: int, lane: int, epoch: int, pos: int, retired: bool
+        self,
+        ctx: PipelineContext,
+        demand: Any,
+        source: int,
+        lane: int,
+        epoch: int,
+        pos: int,
+        retired: bool,
     ):
         self.ctx, self.source, self.lane = ctx, source, lane
-        self.plan, self.reader = ctx.plans[source], ctx.readers[source]
+        self.plan = ctx.plans[source]
         self.repeat = ctx.recipe.sources[source].on_exhausted == "repeat"
         self.epoch, self.pos, self.retired = epoch, pos, retired
-        self.tokenized = 0  # documents tokenized for this lane (replay accounting)
-        self.block: TokenizedBlock | None = None
-        self.k = 0
-        # Blocks queued in visiting order: (epoch, index in lane's block list, skip, future).
-        self.queue: deque[tuple[int, int, int, Any]] = deque()
-        self._next: tuple[int, int, int] | None = None
         if not retired:
             self._normalise()
-            if not self.retired:
-                j, off = self.plan.locate(self.epoch, lane, self.pos)
-                self._next = (self.epoch, j, off)
-                # One block now; deeper lookahead once this lane starts reading, so
-                # every lane's first block is queued before anyone's second.
-                self._schedule(depth=1)
+        self.feed: Feed = ctx.work.add_feed(
+            demand,
+            source,
+            (ctx.readers[source], self.plan, self.epoch, self.pos, self.retired, self.repeat),
+        )
 
     def _normalise(self) -> None:
         """At the end of an epoch, move to the next one (repeat) or retire (stop)."""
@@ -78,35 +87,17 @@ class SourceCursor:
             else:
                 self.retired = True
 
-    def _schedule(self, depth: int | None = None) -> None:
-        depth = depth or self.ctx.block_prefetch
-        while self._next is not None and len(self.queue) < depth:
-            epoch, j, skip = self._next
-            blocks, _ = self.plan.lane_blocks(epoch, self.lane)
-            fut = self.ctx.submit(self.reader, self.plan, epoch, int(blocks[j]), skip)
-            self.queue.append((epoch, j, skip, fut))
-            if j + 1 < len(blocks):
-                self._next = (epoch, j + 1, 0)
-            else:
-                self._next = (epoch + 1, 0, 0) if self.repeat else None
-
     def next_doc(self) -> tuple[np.ndarray, int] | None:
         """(tokens, document index) of the next document, or None once retired."""
         if self.retired:
             return None
-        while self.block is None or self.k == len(self.block.docs):
-            if not self.queue:
-                self.retired = True
-                return None
-            _, _, _, fut = self.queue.popleft()
-            self.block, self.k = fut.result(), 0
-            self.tokenized += len(self.block.docs)
-            self._schedule()
-        doc, doc_id = self.block.docs[self.k], int(self.block.doc_ids[self.k])
-        self.k += 1
+        got = self.ctx.work.take(self.feed)
+        if got is None:
+            self.retired = True
+            return None
         self.pos += 1
         self._normalise()
-        return doc, doc_id
+        return got
 
     def position(self) -> tuple[int, int, bool]:
         return self.epoch, self.pos, self.retired
@@ -138,9 +129,14 @@ class LaneStream:
         names = [s.name for s in recipe.sources]
         self.rows_emitted = int(snapshot["row"])
         self.mixer = Mixer([s.weight for s in recipe.sources], recipe.mixture.unit, snapshot["mix"])
+        packing = recipe.packing
+        skip = int(snapshot["skip_tokens"]) if packing.algorithm == "concat" else 0
+        # The scheduler follows the lane in its own stream's token offsets.
+        demand = ctx.work.add_lane(lane, self.mixer.counts, self.rows_emitted * ctx.row_len - skip)
         self.cursors = [
             SourceCursor(
                 ctx,
+                demand,
                 i,
                 lane,
                 int(snapshot["sources"][n]["epoch"]),
@@ -149,7 +145,11 @@ class LaneStream:
             )
             for i, n in enumerate(names)
         ]
-        packing = recipe.packing
+        # A concat lane resumed mid-document: that document started before the flush row.
+        self._resumed_mid_doc = skip > 0
+        self.num_sources = len(names)
+        self.row_sources: deque[tuple[np.ndarray, np.ndarray]] = deque()
+        self.last_sources: tuple[np.ndarray, np.ndarray] | None = None
         if packing.algorithm == "concat":
             self.packer: ConcatPacker | BestFitPacker = ConcatPacker(
                 ctx.row_len, packing.flush_interval, int(snapshot["skip_tokens"])
@@ -193,7 +193,10 @@ class LaneStream:
             got = self.cursors[i].next_doc()
             if got is None:
                 continue  # that source just retired; choose among the rest
-            doc, doc_id = got
+            ids, doc_id = got
+            doc = ids.view(SourceIds)
+            doc.meta = [i, self._resumed_mid_doc]
+            self._resumed_mid_doc = False
             self.mixer.record(i, len(doc))
             self.docs_packed += 1
             if self.trace is not None:
@@ -204,13 +207,21 @@ class LaneStream:
         row_len = self.ctx.row_len
         tokens = np.full(row_len, self.ctx.tok.pad_id, dtype=np.int32)
         positions = np.full(row_len, -1, dtype=np.int32)
+        src_tokens = np.zeros(self.num_sources, dtype=np.int64)
+        src_docs = np.zeros(self.num_sources, dtype=np.int64)
         at = 0
         for p in pieces:
             n = len(p)
             tokens[at : at + n] = p
             positions[at : at + n] = self._arange[:n]
             at += n
+            meta = p.meta  # type: ignore[attr-defined]
+            src_tokens[meta[0]] += n
+            if not meta[1]:  # the first piece of a document holds its first token
+                meta[1] = True
+                src_docs[meta[0]] += 1
         self.out.append((tokens, positions))
+        self.row_sources.append((src_tokens, src_docs))
         self.rows_emitted += 1
 
     # -- the interface the loader uses --------------------------------------
@@ -219,19 +230,11 @@ class LaneStream:
         while not self.out and not self.ended:
             if not self.packer.fill(self):
                 self.ended = True
-        return self.out.popleft() if self.out else None
-
-    def cancel(self) -> None:
-        """Drop blocks still queued for workers (the lane is being replaced)."""
-        for cursor in self.cursors:
-            for *_, fut in cursor.queue:
-                fut.cancel()
-            cursor.queue.clear()
+        if not self.out:
+            return None
+        self.last_sources = self.row_sources.popleft()
+        return self.out.popleft()
 
     def take_flushes(self) -> list[dict[str, Any]]:
         out, self.flushes = self.flushes, []
         return out
-
-    @property
-    def docs_tokenized(self) -> int:
-        return sum(c.tokenized for c in self.cursors)

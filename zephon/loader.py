@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from zephon.sources import SourceReader
 from zephon.state import STATE_FORMAT, STATE_VERSION, check_fingerprint, check_header
 from zephon.tokenize import TokenizerInfo, resolve_tokenizer
 from zephon.tolerant import dropped_count, dropped_state, restore_dropped, with_policy
-from zephon.workers import BlockWork
+from zephon.workers import DemandScheduler
 
 _END = object()
 
@@ -42,8 +43,9 @@ class ZephonLoader:
         global_batch_size: rows per step over all ranks (a multiple of the lanes).
         micro_batch_size: rows per micro-batch (only validated here).
         dp_rank, dp_size: this rank and the data-parallel degree.
-        num_workers, prefetch, block_prefetch, cache_dir: execution settings;
+        num_workers, prefetch, lookahead_tokens, cache_dir: execution settings;
             None takes the recipe's. They never change a byte of output.
+        block_prefetch: deprecated and ignored (lookahead is one token budget).
         trace: record (source, document index) of every packed document per
             lane in `self.traces` (for accounting tests and debugging).
     """
@@ -62,6 +64,7 @@ class ZephonLoader:
         block_prefetch: int | None = None,
         cache_dir: str | None = None,
         trace: bool = False,
+        lookahead_tokens: int | None = None,
     ):
         self.recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
         ex = self.recipe.execution
@@ -96,15 +99,33 @@ class ZephonLoader:
             ]
         except LayoutError as exc:
             raise LayoutError(f"{self.recipe.path}: {exc}") from None
-        self._work: BlockWork | None = BlockWork(self.tok, self.num_workers)
+        if block_prefetch is not None:
+            warnings.warn(
+                "ZephonLoader(block_prefetch=...) is deprecated and ignored: lookahead is one "
+                "token budget per rank (lookahead_tokens)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        # Lookahead: one budget in tokens for the rank; default two steps of its rows.
+        rank_step_tokens = len(self.lane_ids) * self.rows_per_lane * (seq_len + 1)
+        budget = lookahead_tokens if lookahead_tokens is not None else ex.lookahead_tokens
+        self.lookahead_tokens = budget or 2 * rank_step_tokens
+        self._work: DemandScheduler | None = DemandScheduler(
+            self.tok,
+            self.num_workers,
+            self.lookahead_tokens,
+            self.rows_per_lane * (seq_len + 1),
+            [s.weight for s in self.recipe.sources],
+            self.recipe.mixture.unit,
+        )
+        self.source_names = tuple(s.name for s in self.recipe.sources)
         self.ctx = PipelineContext(
             recipe=self.recipe,
             readers=readers,
             plans=plans,
             tok=self.tok,
             row_len=seq_len + 1,
-            submit=self._work.submit,
-            block_prefetch=block_prefetch or ex.block_prefetch,
+            work=self._work,
         )
         self.fingerprint = {
             "recipe": self.recipe.digest(),
@@ -143,7 +164,8 @@ class ZephonLoader:
         self._flush_log: dict[int, list[dict[str, Any]]] = {
             lane: [flush] for lane, (flush, _) in points.items()
         }
-        self.replay = {"rows": 0, "docs_packed": 0, "docs_tokenized": 0}
+        self.replay = {"rows": 0, "docs_packed": 0, "docs_tokenized": 0, "tokens_tokenized": 0}
+        self.first_batch: dict[str, int] | None = None
 
     def start(self) -> None:
         """Build the lanes, replay to the consumed row and begin prefetching.
@@ -153,8 +175,9 @@ class ZephonLoader:
         if self._started:
             return
         self._started = True
-        # Building every lane first queues every lane's first block on the
-        # workers before any lane waits on its own.
+        assert self._work is not None
+        # Replayed rows and the first batch are all "needed" work for the scheduler.
+        self._work.set_floor(self.step)
         self.lanes = [
             LaneStream(self.ctx, lane, flush, self.traces[lane] if self.traces else None)
             for lane, (flush, _) in self._start_points.items()
@@ -169,9 +192,11 @@ class ZephonLoader:
                     )
             self.replay["rows"] += skip
             self.replay["docs_packed"] += lane.docs_packed
-            self.replay["docs_tokenized"] += lane.docs_tokenized
             self._flush_log[lane.lane].extend(lane.take_flushes())
             self._prune(lane.lane)
+        work = self._work.stats()
+        self.replay["docs_tokenized"] = work["docs_tokenized"] + work["docs_pretokenized"]
+        self.replay["tokens_tokenized"] = work["tokens_tokenized"] + work["tokens_pretokenized"]
         self._produced_step = self.step
         self._launch()
 
@@ -186,8 +211,12 @@ class ZephonLoader:
     def _produce(self) -> tuple[Batch, dict[int, list[dict[str, Any]]]] | None:
         r, row_len = self.rows_per_lane, self.seq_len + 1
         n = len(self.lanes) * r
+        assert self._work is not None
+        self._work.set_floor(self._produced_step)
         tokens = np.empty((n, row_len), dtype=np.int32)
         positions = np.empty((n, row_len), dtype=np.int32)
+        src_tokens = np.zeros(len(self.source_names), dtype=np.int64)
+        src_docs = np.zeros(len(self.source_names), dtype=np.int64)
         digests, flushes = [], {}
         for i, lane in enumerate(self.lanes):
             for k in range(r):
@@ -195,9 +224,25 @@ class ZephonLoader:
                 if row is None:
                     return None
                 tokens[i * r + k], positions[i * r + k] = row
+                assert lane.last_sources is not None
+                src_tokens += lane.last_sources[0]
+                src_docs += lane.last_sources[1]
             digests.append(rows_digest(tokens[i * r : (i + 1) * r], positions[i * r : (i + 1) * r]))
             flushes[lane.lane] = lane.take_flushes()
+        if self.first_batch is None:
+            # Work done before the first batch was assembled (replay included).
+            counts = self._work.set_warm()
+            self.first_batch = {
+                "docs_tokenized": counts["docs_tokenized"],
+                "tokens_tokenized": counts["tokens_tokenized"],
+                "docs_pretokenized": counts["docs_pretokenized"],
+                "tokens_pretokenized": counts["tokens_pretokenized"],
+                "docs_read": counts["docs_read"],
+                "row_tokens": int((positions >= 0).sum()),
+            }
         batch = rows_to_batch(self._produced_step, tokens, positions, digests)
+        batch.source_tokens, batch.source_docs = src_tokens, src_docs
+        batch.source_names = self.source_names
         self._produced_step += 1
         return batch, flushes
 
@@ -317,15 +362,27 @@ class ZephonLoader:
     def _discard_lanes(self) -> None:
         """Stop producing and drop queued work of the current lanes."""
         self._stop_thread()
-        for lane in self.lanes:
-            lane.cancel()
+        if self._work is not None:
+            self._work.reset()
         self.lanes = []
 
     def stats(self) -> dict[str, Any]:
+        """Counts of the work done since the start or the last restore.
+
+        docs/tokens_tokenized: documents and token ids (EOS included) produced
+        by the tokenizer; pretokenized sources are counted apart. first_batch:
+        the same counts when the first batch was assembled (replay included),
+        with the non-padding tokens of its rows. The prefetch thread may be a
+        step or two ahead of the trainer."""
+        work = self._work.stats() if self._work is not None else {}
         return {
             "step": self.step,
             "docs_packed": sum(lane.docs_packed for lane in self.lanes),
-            "docs_tokenized": sum(lane.docs_tokenized for lane in self.lanes),
+            "docs_tokenized": work.get("docs_tokenized", 0) + work.get("docs_pretokenized", 0),
+            "tokens_tokenized": work.get("tokens_tokenized", 0)
+            + work.get("tokens_pretokenized", 0),
+            "work": work,
+            "first_batch": dict(self.first_batch) if self.first_batch else None,
             "replay": dict(self.replay),
         }
 

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import tomllib
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,8 @@ class ExecutionSpec:
 
     workers: int = 2
     prefetch: int = 2  # global steps produced ahead of the trainer
-    block_prefetch: int = 4  # blocks read or tokenized ahead per lane and source
+    # Tokens tokenized ahead of need, one budget for the rank (0 = two steps of its rows).
+    lookahead_tokens: int = 0
     cache_dir: str = ""  # where document indexes are cached ("" = user cache)
 
 
@@ -353,10 +355,18 @@ def parse_recipe(data: dict[str, Any], file: str) -> Recipe:
     if cache_dir:  # relative to the recipe folder, like source paths
         base = os.path.dirname(os.path.abspath(file))
         cache_dir = os.path.normpath(os.path.join(base, os.path.expanduser(cache_dir)))
+    if "block_prefetch" in e.data:
+        e.positive_int("block_prefetch", 4)  # still type-checked, then ignored
+        warnings.warn(
+            f"{file}: execution.block_prefetch is deprecated and ignored: lookahead is now "
+            "one token budget per rank, [execution] lookahead_tokens",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     execution = ExecutionSpec(
         workers=e.positive_int("workers", 2, minimum=0),
         prefetch=e.positive_int("prefetch", 2, minimum=0),
-        block_prefetch=e.positive_int("block_prefetch", 4),
+        lookahead_tokens=e.positive_int("lookahead_tokens", 0, minimum=0),
         cache_dir=cache_dir,
     )
     e.finish()
