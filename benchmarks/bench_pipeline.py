@@ -68,6 +68,18 @@ from zephon.sources import SourceReader, default_cache_dir
 from zephon.tokenize import TokenizerInfo
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _shown(path: str) -> str:
+    """A path as results record it: relative to the repository, or ~-based; never a
+    machine's absolute path."""
+    full = os.path.abspath(path)
+    if full.startswith(str(REPO) + os.sep):
+        return os.path.relpath(full, REPO)
+    home = os.path.expanduser("~")
+    return "~" + full[len(home) :] if full.startswith(home + os.sep) else full
+
+
 RATIO_LINE = "RATIO pipeline/raw"
 
 
@@ -598,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     cache = args.cache_dir or recipe.execution.cache_dir or default_cache_dir()
     print(
         f"# {recipe.name}: seq_len {args.seq_len}, global batch {args.global_batch}, lanes {recipe.lanes}, "
-        f"dp 1, {args.rounds} round(s) of ~{args.tokens:,} tokens; index cache {cache}",
+        f"dp 1, {args.rounds} round(s) of ~{args.tokens:,} tokens; index cache {_shown(cache)}",
         flush=True,
     )
     print(
@@ -610,8 +622,8 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     result: dict[str, Any] = {
         "config": {
-            "recipe": args.recipe,
-            "tokenizer": args.tokenizer,
+            "recipe": _shown(args.recipe),
+            "tokenizer": _shown(args.tokenizer),
             "seq_len": args.seq_len,
             "global_batch": args.global_batch,
             "lanes": recipe.lanes,
@@ -620,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
             "restore_steps": args.restore_steps,
             "restore_reps": args.restore_reps,
             "lookahead_tokens": args.lookahead_tokens or recipe.execution.lookahead_tokens,
-            "cache_dir": cache,
+            "cache_dir": _shown(cache),
             "quick": args.quick,
         },
         "machine": mach,

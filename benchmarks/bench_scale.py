@@ -299,7 +299,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[corpus] {corpus}", flush=True)
     data = str(work / "corpus" / "part-*.jsonl")
     result: dict[str, Any] = {
-        "config": {k: v for k, v in vars(a).items() if k not in ("child", "recipe", "state")},
+        "config": {
+            k: (os.path.relpath(v, REPO) if k in ("work", "out") else v)
+            for k, v in vars(a).items()
+            if k not in ("child", "recipe", "state")
+        },
         "corpus": corpus,
         "cpus": len(os.sched_getaffinity(0)),
         "loadavg_start": os.getloadavg(),

@@ -29,6 +29,13 @@ def test_resume_on_other_process_count_matches_reference(zephon_reference, tmp_p
     for step in range(K + 1, STEPS + 1):
         assert got[step]["digest"] == ref[step]["digest"], step
         assert got[step]["loss"] == pytest.approx(ref[step]["loss"], rel=LOSS_RTOL), step
+        # Per-source counts are summed over the data-parallel ranks: the same
+        # global figures at every size, and they cover every token of the rows
+        # (concat packing: no padding, 16 rows x 65 tokens).
+        assert got[step]["source_tokens"] == ref[step]["source_tokens"], step
+        assert got[step]["source_docs"] == ref[step]["source_docs"], step
+        assert set(got[step]["source_tokens"]) == {"prose", "code"}
+        assert sum(got[step]["source_tokens"].values()) == 16 * 65
 
 
 def test_resume_on_same_process_count_is_bitwise_identical(zephon_reference, tmp_path):
