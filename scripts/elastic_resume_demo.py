@@ -46,6 +46,7 @@ from torchtitan.launch import (
     parse_loaders,
     parse_sizes,
     read_metrics,
+    render_results,
     run_logged,
 )
 
@@ -134,15 +135,9 @@ def markdown_table(results: dict[str, Any]) -> str:
 
 
 def render(path: Path) -> int:
-    try:
-        results = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        print(f"error: {path}: cannot read the results: {exc}", file=sys.stderr)
-        return 2
-    text = markdown_table(results)
-    path.with_suffix(".md").write_text(f"{results['title']}\n\n{text}\n")
-    print(text)
-    return 0
+    return render_results(
+        path, lambda results: f"{results['title']}\n\n{markdown_table(results)}\n"
+    )
 
 
 def check_layout(args: argparse.Namespace) -> None:

@@ -50,7 +50,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from torchtitan.launch import ensure_sample_data, read_metrics  # noqa: E402
+from torchtitan.launch import ensure_sample_data, read_metrics, render_results  # noqa: E402
 
 STEPS, INTERVAL = 8, 2
 BASE = {
@@ -472,15 +472,7 @@ def report(doc: dict[str, Any]) -> str:
 
 
 def render(path: Path) -> int:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        print(f"error: {path}: cannot read the results: {exc}", file=sys.stderr)
-        return 2
-    text = report(doc)
-    path.with_suffix(".md").write_text(text)
-    print(text, end="")
-    return 0
+    return render_results(path, report)
 
 
 def main(argv: list[str] | None = None) -> int:

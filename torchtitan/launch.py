@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,20 @@ def run_logged(
         last = "\n".join(output.splitlines()[-25:])
         raise RunFailed(f"{dump}: trainer exited {proc.returncode}\n{last}")
     return proc.stdout, time.perf_counter() - started
+
+
+def render_results(path: Path, page: Callable[[dict[str, Any]], str]) -> int:
+    """Write `path`'s .md page from its raw results JSON (`page` renders it) and print
+    it; exit status 2 with a message if the JSON cannot be read."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"error: {path}: cannot read the results: {exc}", file=sys.stderr)
+        return 2
+    text = page(doc)
+    path.with_suffix(".md").write_text(text)
+    print(text, end="")
+    return 0
 
 
 def parse_sizes(text: str) -> list[int]:
