@@ -29,6 +29,7 @@ from zephon.sources.storage import ByteObject
 from zephon.sources.values import check_value
 
 SCAN_CHUNK = 4 << 20  # bytes per step of the index scan: bounds its memory
+RUN_BYTES = 8 << 20  # at most this much read at once by read_docs (unless one line is longer)
 _IS_BLANK_BYTE = np.zeros(256, dtype=bool)
 _IS_BLANK_BYTE[[9, 10, 11, 12, 13, 32]] = True  # what bytes.strip() strips
 _NON_BLANK = re.compile(rb"[^\t\n\x0b\x0c\r ]")
@@ -184,7 +185,8 @@ class JsonlFile:
         blobs: dict[int, tuple[int, bytes]] = {}  # document -> (run start, run bytes)
         run: list[int] = []
         for k in sorted(range(len(docs)), key=starts.__getitem__):
-            if run and starts[k] - ends[run[-1]] > gap:  # lines do not overlap
+            # Lines do not overlap; a run's bytes are bounded (a document alone may exceed it).
+            if run and (starts[k] - ends[run[-1]] > gap or ends[k] - starts[run[0]] > RUN_BYTES):
                 self._read_run(run, starts, ends, docs, blobs)
                 run = []
             run.append(k)
