@@ -129,8 +129,8 @@ class _Ids:
 
 
 def memoize_readers(loader: ZephonLoader) -> None:
-    """Serve every `read_range` after the first from memory (the files do not change).
-    The same str objects then come back, so MemoTokenizer's lookups are cheap."""
+    """Serve every `read_range` (and `read_docs`, by document) after the first from
+    memory (the files do not change). The same str objects then come back, so MemoTokenizer's lookups are cheap."""
     for reader in loader.ctx.readers:
         read, cache = reader.read_range, {}
 
@@ -140,7 +140,11 @@ def memoize_readers(loader: ZephonLoader) -> None:
                 cache[key] = read(start, end)
             return cache[key]
 
+        def read_docs(docs: list[int], read_range: Any = read_range) -> list[Any]:
+            return [read_range(d, d + 1)[0] for d in docs]
+
         reader.read_range = read_range  # type: ignore[method-assign]
+        reader.read_docs = read_docs  # type: ignore[method-assign]
 
 
 class MemoTokenizer:

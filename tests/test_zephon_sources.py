@@ -17,6 +17,7 @@ import pytest
 from conftest import synthetic_docs, write_jsonl
 
 from zephon import TokenizerInfo, ZephonLoader, load_recipe, load_tokenizer
+from zephon.errors import DataError
 from zephon.sources import SourceReader
 
 DOCS = synthetic_docs(60, seed=11)
@@ -146,6 +147,30 @@ def test_read_range_is_identical_in_every_format(corpus: dict[str, Path], fmt: s
     # any order of reads (row-group caches, file switches) gives the same values
     for a, b in reversed(RANGES):
         assert r.read_range(a, b) == DOCS[a:b], (fmt, a, b)
+
+
+@pytest.mark.parametrize("fmt", TEXT_FORMATS)
+def test_read_docs_gives_each_documents_value_in_the_order_asked(
+    corpus: dict[str, Path], fmt: str
+) -> None:
+    r = reader(corpus[fmt])
+    # shuffled, across file boundaries, with repeats and far-apart lines
+    docs = [int(i) for i in np.random.default_rng(3).permutation(len(DOCS))[:40]] + [7, 7, 59, 0]
+    assert r.read_docs(docs) == [DOCS[i] for i in docs], fmt
+    assert r.read_docs([]) == []
+
+
+def test_read_docs_names_the_line_of_a_bad_record(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    lines = [json.dumps({"text": f"doc {i}"}) for i in range(6)]
+    lines[4] = '{"text": "broken'
+    (tmp_path / "data" / "a.jsonl").write_text("\n".join(lines) + "\n")
+    r = reader(write_recipe(tmp_path, "bad", 'path = "data/*.jsonl"\n'))
+    assert r.read_docs([5, 3, 0]) == ["doc 5", "doc 3", "doc 0"]
+    with pytest.raises(DataError, match=r"a\.jsonl:5: not valid JSON"):
+        r.read_docs([1, 4, 2])
+    with pytest.raises(DataError, match=r"a\.jsonl:5: not valid JSON"):
+        r.read_range(4, 5)
 
 
 def test_loader_digests_are_identical_in_every_format(

@@ -578,7 +578,11 @@ def _read_docs(
         return RawBlock([], start + order)
     if by_document:
         try:
-            values = [reader.read_range(start + i, start + i + 1)[0] for i in order.tolist()]
+            docs = (start + order).tolist()
+            if isinstance(reader, SourceReader):  # not a wrapper: bad_records keeps its own reads
+                values = reader.read_docs(docs)
+            else:
+                values = [reader.read_range(i, i + 1)[0] for i in docs]
         except Exception:
             # Report the block's first bad record in file order, as a block read does
             # (the same error whatever the lookahead or worker count).

@@ -81,3 +81,21 @@ class SourceReader:
             out.extend(self.parts[p].read(start - p_start, take - p_start))
             start, p = take, p + 1
         return out
+
+    def read_docs(self, docs: list[int]) -> list[Any]:
+        """Values of documents `docs` (any order, in that order), as read_range(i, i + 1)
+        gives each; a bad record raises read_range's error for it. Parts that can
+        (JSONL) read their documents together, in file order."""
+        where = np.searchsorted(self.part_starts, docs, side="right") - 1
+        out: list[Any] = [None] * len(docs)
+        for p in np.unique(where).tolist():
+            ks = np.flatnonzero(where == p).tolist()
+            base, part = int(self.part_starts[p]), self.parts[p]
+            local = [docs[k] - base for k in ks]
+            if hasattr(part, "read_docs"):
+                values = part.read_docs(local)
+            else:
+                values = [part.read(i, i + 1)[0] for i in local]
+            for k, v in zip(ks, values, strict=True):
+                out[k] = v
+        return out
