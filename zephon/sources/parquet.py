@@ -17,6 +17,7 @@ import numpy as np
 
 from zephon.errors import DataError
 from zephon.recipe import SourceSpec
+from zephon.sources.spans import spans
 from zephon.sources.storage import ByteObject, is_remote
 from zephon.sources.values import check_value
 
@@ -103,18 +104,14 @@ class ParquetFile:
 
     def read(self, a: int, b: int) -> list[Any]:
         out: list[Any] = []
-        g = int(np.searchsorted(self.group_starts, a, side="right")) - 1
-        while a < b:
-            g_start, g_end = int(self.group_starts[g]), int(self.group_starts[g + 1])
-            take = min(b, g_end)
+        for g, g_start, lo, take in spans(self.group_starts, a, b):
             group = self._group(g)
             if self.spec.pretokenized:
                 offsets, values = group
                 out.extend(
-                    values[offsets[i] : offsets[i + 1]] for i in range(a - g_start, take - g_start)
+                    values[offsets[i] : offsets[i + 1]] for i in range(lo - g_start, take - g_start)
                 )
             else:
-                for k, v in enumerate(group[a - g_start : take - g_start]):
-                    out.append(check_value(v, self.spec, f"{self.path}: row {a + k}"))
-            a, g = take, g + 1
+                for k, v in enumerate(group[lo - g_start : take - g_start]):
+                    out.append(check_value(v, self.spec, f"{self.path}: row {lo + k}"))
         return out

@@ -15,6 +15,7 @@ import numpy as np
 from zephon.errors import DataError
 from zephon.recipe import SourceSpec
 from zephon.sources.cache import default_cache_dir
+from zephon.sources.spans import spans
 from zephon.sources.storage import ByteObject, is_remote, open_object
 
 
@@ -74,12 +75,8 @@ class SourceReader:
     def read_range(self, start: int, end: int) -> list[Any]:
         """Values of documents [start, end), in file order."""
         out: list[Any] = []
-        p = int(np.searchsorted(self.part_starts, start, side="right")) - 1
-        while start < end:
-            p_start, p_end = int(self.part_starts[p]), int(self.part_starts[p + 1])
-            take = min(end, p_end)
-            out.extend(self.parts[p].read(start - p_start, take - p_start))
-            start, p = take, p + 1
+        for p, first, a, b in spans(self.part_starts, start, end):
+            out.extend(self.parts[p].read(a - first, b - first))
         return out
 
     def read_docs(self, docs: list[int]) -> list[Any]:
