@@ -439,6 +439,8 @@ class DemandScheduler:
     def _remember(self, source: int, doc_id: int, ids: np.ndarray) -> None:
         if ids.nbytes > LONG_CACHE_BYTES // 2:
             return
+        if ids.base is not None:  # a view of a whole call's ids: keep only its own
+            ids = ids.copy()
         self._long[(source, doc_id)] = ids
         self._long_bytes += ids.nbytes
         while self._long_bytes > LONG_CACHE_BYTES:

@@ -83,10 +83,12 @@ class SourceReader:
         """Values of documents `docs` (any order, in that order), as read_range(i, i + 1)
         gives each; a bad record raises read_range's error for it. Parts that can
         (JSONL) read their documents together, in file order."""
-        where = np.searchsorted(self.part_starts, docs, side="right") - 1
+        where = (np.searchsorted(self.part_starts, docs, side="right") - 1).tolist()
+        by_part: dict[int, list[int]] = {}
+        for k, p in enumerate(where):
+            by_part.setdefault(p, []).append(k)
         out: list[Any] = [None] * len(docs)
-        for p in np.unique(where).tolist():
-            ks = np.flatnonzero(where == p).tolist()
+        for p, ks in sorted(by_part.items()):
             base, part = int(self.part_starts[p]), self.parts[p]
             local = [docs[k] - base for k in ks]
             if hasattr(part, "read_docs"):
