@@ -19,17 +19,23 @@ class Mixer:
         self.weights = [float(w) for w in weights]
         self.by_tokens = unit == "tokens"
         self.counts = list(counts) if counts is not None else [0] * len(self.weights)
+        self.total_w = sum(self.weights)
 
     def choose(self, active: Sequence[bool]) -> int:
         """Index of the active source with the largest deficit (lowest index on ties)."""
-        total_w = sum(w for w, a in zip(self.weights, active, strict=True) if a)
-        taken = sum(c for c, a in zip(self.counts, active, strict=True) if a)
+        weights, counts = self.weights, self.counts
+        if all(active):
+            idx: Sequence[int] = range(len(weights))
+            total_w, taken = self.total_w, sum(counts)
+        else:
+            idx = [i for i, a in enumerate(active) if a]
+            # Summed in index order from 0, as for all sources: the same floats.
+            total_w = sum(weights[i] for i in idx)
+            taken = sum(counts[i] for i in idx)
         best, best_deficit = -1, 0.0
-        for i, a in enumerate(active):
-            if not a:
-                continue
+        for i in idx:
             # Scaled by total_w to keep the comparison exact for equal weights.
-            deficit = self.weights[i] * taken - self.counts[i] * total_w
+            deficit = weights[i] * taken - counts[i] * total_w
             if best < 0 or deficit > best_deficit:
                 best, best_deficit = i, deficit
         return best

@@ -253,7 +253,7 @@ def encode_texts(texts: list[str], tok: TokenizerInfo) -> list[np.ndarray]:
         flat += enc.ids
         flat.append(eos)
         bounds.append(len(flat))
-    arr = np.array(flat, dtype=np.int32)
+    arr = np.fromiter(flat, dtype=np.int32, count=len(flat))
     return [arr[a:b] for a, b in zip(bounds, bounds[1:])]
 
 

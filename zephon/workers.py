@@ -187,7 +187,13 @@ class DemandScheduler:
         # One call takes at most this many (estimated) tokens, so that two
         # encoder threads can overlap one call's tail with the next call.
         self.call_tokens = max(1 << 15, self.budget // 2)
-        self.cond = threading.Condition(threading.Lock())
+        # One lock, two conditions: lanes wait on `cond` for documents, encoder
+        # threads on `wake` for work. Waking only the side that can proceed keeps
+        # the threads from trading the GIL for nothing (a shared condition woke
+        # every thread on every document taken).
+        lock = threading.Lock()
+        self.cond = threading.Condition(lock)
+        self.wake = threading.Condition(lock)
         self.lanes: list[LaneDemand] = []
         self.waiting: set[Feed] = set()
         self.floor = 0  # the step being produced: its documents ignore the budget
@@ -251,19 +257,23 @@ class DemandScheduler:
             self.lanes, self.waiting = [], set()
             self.used, self.warm, self.floor = 0, False, 0
             self._reset_counts()
-            self.cond.notify_all()
+            self._notify_everyone()
 
     def set_floor(self, step: int) -> None:
         with self.cond:
             self.floor = step
-            self.cond.notify_all()
+            self._notify_everyone()
 
     def set_warm(self) -> dict[str, int]:
         """The first batch is assembled: allow lookahead; returns the counts so far."""
         with self.cond:
             self.warm = True
-            self.cond.notify_all()
+            self._notify_everyone()
             return dict(self.counts)
+
+    def _notify_everyone(self) -> None:
+        self.cond.notify_all()
+        self.wake.notify_all()
 
     def stats(self) -> dict[str, Any]:
         with self.cond:
@@ -286,15 +296,19 @@ class DemandScheduler:
                     ld.counts[k] += n if self.unit == "tokens" else 1
                     ld.offset += n
                     feed.sched_tokens -= n
-                    if ld.sim_idx[k] > 0:  # the simulation had already made this pick
+                    if self.warm:
+                        pass  # no simulation once warm (see _entry)
+                    elif ld.sim_idx[k] > 0:  # the simulation had already made this pick
                         ld.sim_idx[k] -= 1
                         ld.sim_tokens[k] -= n
                     else:
                         ld.restart()
                     self.used -= n
                     self.waiting.discard(feed)
-                    if self.idle:
-                        self.cond.notify_all()
+                    # An idle encoder waits for a quarter of the budget to be free
+                    # (see _plan); before the first batch every pick is new work.
+                    if self.idle and (not self.warm or self.used <= self.budget - self.budget // 4):
+                        self.wake.notify()
                     return ids, slot.doc_id
                 if feed.error is not None:
                     raise feed.error
@@ -307,7 +321,7 @@ class DemandScheduler:
                 if self._pool is None:
                     self._work_inline()
                 else:
-                    self.cond.notify_all()
+                    self.wake.notify()
                     self.cond.wait()
 
     # -- planning (called with the lock held) --------------------------------------
@@ -344,13 +358,18 @@ class DemandScheduler:
             return None  # nothing to tokenize and nothing to read now
         if f in self.waiting and f.sched == 0:
             return (-1, ld.order, 0, next(self._seq), f)
-        exact = ld.frontier == k and ld.sim_idx[k] == f.sched
-        if not self.warm and not exact:
-            return None
-        ahead = f.sched_tokens - ld.sim_tokens[k]  # tokens queued or ready beyond the simulation
-        est = ld.sim_offset + int(ahead / self.shares[k])
+        if self.warm:
+            # Lookahead: estimated from the lane's real offset and the tokens this
+            # feed already holds, at the source's share. Replaying the mixer here
+            # would cost as much per document as the lane's own mixing, and a lane
+            # that does need a document first waits on it and is served above.
+            est = ld.offset + int(f.sched_tokens / self.shares[k])
+            return (est // self.step_tokens, ld.order, est, next(self._seq), f)
+        if not (ld.frontier == k and ld.sim_idx[k] == f.sched):
+            return None  # before the first batch only the exact next documents
+        est = ld.sim_offset
         step = est // self.step_tokens
-        if not self.warm and step > self.floor:
+        if step > self.floor:
             return None
         return (step, ld.order, est, next(self._seq), f)
 
@@ -362,7 +381,8 @@ class DemandScheduler:
         for ld in self.lanes:
             if len(ld.feeds) < len(self.weights):
                 continue  # still being built
-            self._simulate(ld)
+            if not self.warm:
+                self._simulate(ld)
             for k, f in enumerate(ld.feeds):
                 entry = self._entry(ld, k, f)
                 if entry is not None:
@@ -433,7 +453,8 @@ class DemandScheduler:
         self.counts["docs_from_cache"] += 1
         self.counts["tokens_from_cache"] += len(ids)
         f.lane.dirty = True
-        self.cond.notify_all()
+        if self.waiting:
+            self.cond.notify_all()
         return True
 
     def _remember(self, source: int, doc_id: int, ids: np.ndarray) -> None:
@@ -489,7 +510,10 @@ class DemandScheduler:
         c = self.counts
         if c["chars_tokenized"]:
             self.tokens_per_char = c["tokens_tokenized"] / c["chars_tokenized"]
-        self.cond.notify_all()
+        if self.waiting:
+            self.cond.notify_all()
+        if not self.warm:  # the simulation moved on: the other encoder may plan too
+            self.wake.notify()
 
     def _read(self, f: Feed, chunk: tuple[int, np.ndarray]) -> None:
         """Read documents of a feed (lock released) and add them (lock held)."""
@@ -527,7 +551,9 @@ class DemandScheduler:
                 self.counts["docs_pretokenized"] += len(slots)
                 self.counts["tokens_pretokenized"] += n
             f.lane.dirty = True
-        self.cond.notify_all()
+        if self.waiting:
+            self.cond.notify_all()
+        self.wake.notify()  # documents to tokenize
 
     def _work_inline(self) -> None:
         batch, reads = self._plan()
@@ -548,11 +574,11 @@ class DemandScheduler:
                         self._encode(batch)
                     elif not reads:
                         self.idle += 1
-                        self.cond.wait()
+                        self.wake.wait()
                         self.idle -= 1
             except BaseException as exc:  # a bug here must not leave lanes waiting forever
                 self.error = exc
-                self.cond.notify_all()
+                self._notify_everyone()
                 raise
 
     def _read_locked(self, f: Feed, block: tuple[int, np.ndarray]) -> None:
@@ -562,7 +588,7 @@ class DemandScheduler:
     def close(self) -> None:
         with self.cond:
             self.closed = True
-            self.cond.notify_all()
+            self._notify_everyone()
         for t in self._threads:
             t.join()
         self._threads = []

@@ -8,6 +8,12 @@ stream start from the nearest seek point, so they decompress at most
 `SPACING` bytes more than they return, and the cache holds about
 32 KiB / SPACING of the data (3% at 1 MiB) instead of a full copy.
 
+Reads go through the chunks between consecutive seek points: a missing chunk
+is decompressed whole from its own seek point (nothing decompressed is thrown
+away) and kept in one process-wide LRU of at most `CHUNK_CACHE_BYTES`, so the
+many small reads that land in one chunk (blocks of short documents, lanes
+reading neighbouring blocks) decompress it once.
+
 indexed_gzip stops quietly at a truncated end of file, so the scan checks
 that the decompressed size matches the gzip trailer (ISIZE); when it does not
 (a truncated file, or a valid file of several gzip members such as bgzip
@@ -22,6 +28,8 @@ import os
 import struct
 import threading
 import zlib
+from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +39,35 @@ from zephon.sources.storage import ByteObject
 
 SPACING = 1 << 20  # decompressed bytes between seek points
 READ_CHUNK = 4 << 20
+CHUNK_CACHE_BYTES = 32 << 20  # decompressed chunks kept, all gzip files together
+
+
+class _ChunkCache:
+    """A byte-bounded LRU of decompressed chunks, shared by every gzip file."""
+
+    def __init__(self, limit: int):
+        self.limit, self.size = limit, 0
+        self.items: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: tuple[str, int]) -> bytes | None:
+        with self.lock:
+            data = self.items.get(key)
+            if data is not None:
+                self.items.move_to_end(key)
+            return data
+
+    def put(self, key: tuple[str, int], data: bytes) -> None:
+        with self.lock:
+            if key in self.items or len(data) > self.limit:
+                return
+            self.items[key] = data
+            self.size += len(data)
+            while self.size > self.limit:
+                self.size -= len(self.items.popitem(last=False)[1])
+
+
+_CHUNKS = _ChunkCache(CHUNK_CACHE_BYTES)
 
 
 def _error(url: str, exc: BaseException) -> DataError:
@@ -96,6 +133,7 @@ class GzipRandomAccess:
         self._lock = threading.Lock()  # one decompressor, shared by worker threads
         self._file: Any = None
         self._raw: Any = None
+        self._starts: list[int] | None = None  # decompressed offsets of the seek points
 
     def _open(self) -> Any:
         import indexed_gzip
@@ -113,15 +151,40 @@ class GzipRandomAccess:
         return self._file
 
     def pread(self, offset: int, n: int) -> bytes:
+        """Up to `n` bytes of the decompressed stream from `offset` (fewer at its end)."""
+        end = offset + n
+        out: list[bytes] = []
         with self._lock:
             try:
                 f = self._open()
-                f.seek(offset)
-                return f.read(n)
+                if self._starts is None:
+                    self._starts = [int(p[0]) for p in f.seek_points()] or [0]
+                i = max(bisect_right(self._starts, offset) - 1, 0)
+                at = offset
+                while at < end and i < len(self._starts):
+                    chunk = self._chunk(f, i)
+                    base = self._starts[i]
+                    piece = chunk[max(at - base, 0) : end - base]
+                    out.append(piece)
+                    at += len(piece)
+                    i += 1
             except DataError:
                 raise
             except Exception as exc:
                 raise _error(self.obj.url, exc) from None
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def _chunk(self, f: Any, i: int) -> bytes:
+        """The decompressed bytes from seek point i to the next one (the last: to the end)."""
+        key = (self.seek_points, i)
+        data = _CHUNKS.get(key)
+        if data is None:
+            starts = self._starts
+            assert starts is not None
+            f.seek(starts[i])
+            data = f.read(starts[i + 1] - starts[i]) if i + 1 < len(starts) else f.read()
+            _CHUNKS.put(key, data)
+        return data
 
     def stream(self) -> Iterator[bytes]:
         """The decompressed stream from the start (used on error paths only)."""
