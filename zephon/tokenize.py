@@ -254,7 +254,7 @@ def encode_texts(texts: list[str], tok: TokenizerInfo) -> list[np.ndarray]:
         flat.append(eos)
         bounds.append(len(flat))
     arr = np.fromiter(flat, dtype=np.int32, count=len(flat))
-    return [arr[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [arr[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def tokenize_block(
