@@ -42,16 +42,9 @@ class PipelineContext:
     work: DemandScheduler
 
 
-class SourceIds(np.ndarray):
-    """A document's token ids, tagged with its source; slices keep the tag.
-
-    `meta` is [source, first token emitted]: shared by every slice of the
-    document, so a row can count the documents that start in it."""
-
-    meta: list
-
-    def __array_finalize__(self, obj: Any) -> None:
-        self.meta = getattr(obj, "meta", None)  # type: ignore[assignment]
+# A piece of a row: (token ids, source index, whether the piece starts its
+# document). Packers build them; rows count tokens and documents by source.
+Piece = tuple[np.ndarray, int, bool]
 
 
 class SourceCursor:
@@ -71,6 +64,7 @@ class SourceCursor:
         self.plan = ctx.plans[source]
         self.repeat = ctx.recipe.sources[source].on_exhausted == "repeat"
         self.epoch, self.pos, self.retired = epoch, pos, retired
+        self._docs, self._docs_epoch = 0, -1
         if not retired:
             self._normalise()
         self.feed: Feed = ctx.work.add_feed(
@@ -81,11 +75,17 @@ class SourceCursor:
 
     def _normalise(self) -> None:
         """At the end of an epoch, move to the next one (repeat) or retire (stop)."""
-        if self.pos >= self.plan.lane_docs(self.epoch, self.lane):
+        if self.pos >= self._epoch_docs():
             if self.repeat:
                 self.epoch, self.pos = self.epoch + 1, 0
             else:
                 self.retired = True
+
+    def _epoch_docs(self) -> int:
+        """Documents of this lane in the current epoch (asked once per document)."""
+        if self._docs_epoch != self.epoch:
+            self._docs, self._docs_epoch = self.plan.lane_docs(self.epoch, self.lane), self.epoch
+        return self._docs
 
     def next_doc(self) -> tuple[np.ndarray, int] | None:
         """(tokens, document index) of the next document, or None once retired."""
@@ -98,9 +98,6 @@ class SourceCursor:
         self.pos += 1
         self._normalise()
         return got
-
-    def position(self) -> tuple[int, int, bool]:
-        return self.epoch, self.pos, self.retired
 
 
 def initial_snapshot(recipe: Recipe) -> dict[str, Any]:
@@ -145,11 +142,10 @@ class LaneStream:
             )
             for i, n in enumerate(names)
         ]
-        # A concat lane resumed mid-document: that document started before the flush row.
-        self._resumed_mid_doc = skip > 0
         self.num_sources = len(names)
-        self.row_sources: deque[tuple[np.ndarray, np.ndarray]] = deque()
-        self.last_sources: tuple[np.ndarray, np.ndarray] | None = None
+        self.names = names
+        self.row_sources: deque[tuple[list[int], list[int]]] = deque()
+        self.last_sources: tuple[list[int], list[int]] | None = None
         if packing.algorithm == "concat":
             self.packer: ConcatPacker | BestFitPacker = ConcatPacker(
                 ctx.row_len, packing.flush_interval, int(snapshot["skip_tokens"])
@@ -167,11 +163,11 @@ class LaneStream:
     # -- the interface packers use ---------------------------------------
 
     def snapshot(self) -> tuple:
-        return tuple(self.mixer.counts), tuple(c.position() for c in self.cursors)
+        return tuple(self.mixer.counts), [(c.epoch, c.pos, c.retired) for c in self.cursors]
 
     def flush_point(self, snapshot: tuple, skip_tokens: int) -> None:
         mix, positions = snapshot
-        names = [s.name for s in self.ctx.recipe.sources]
+        names = self.names
         self.flushes.append(
             {
                 "row": self.rows_emitted,
@@ -184,42 +180,43 @@ class LaneStream:
             }
         )
 
-    def pick(self) -> np.ndarray | None:
+    def pick(self) -> tuple[np.ndarray, int] | None:
+        """The next document's ids and its source index; None once every source ended."""
+        cursors, mixer = self.cursors, self.mixer
         while True:
-            active = [not c.retired for c in self.cursors]
+            active = [not c.retired for c in cursors]
             if not any(active):
                 return None
-            i = self.mixer.choose(active)
-            got = self.cursors[i].next_doc()
+            i = mixer.choose(active)
+            got = cursors[i].next_doc()
             if got is None:
                 continue  # that source just retired; choose among the rest
             ids, doc_id = got
-            doc = ids.view(SourceIds)
-            doc.meta = [i, self._resumed_mid_doc]
-            self._resumed_mid_doc = False
-            self.mixer.record(i, len(doc))
+            mixer.record(i, len(ids))
             self.docs_packed += 1
             if self.trace is not None:
                 self.trace.append((i, doc_id))
-            return doc
+            return ids, i
 
-    def emit(self, pieces: list[np.ndarray]) -> None:
+    def emit(self, pieces: list[Piece]) -> None:
         row_len = self.ctx.row_len
-        tokens = np.full(row_len, self.ctx.tok.pad_id, dtype=np.int32)
-        positions = np.full(row_len, -1, dtype=np.int32)
-        src_tokens = np.zeros(self.num_sources, dtype=np.int64)
-        src_docs = np.zeros(self.num_sources, dtype=np.int64)
+        tokens = np.empty(row_len, dtype=np.int32)
+        positions = np.empty(row_len, dtype=np.int32)
+        src_tokens = [0] * self.num_sources
+        src_docs = [0] * self.num_sources
+        arange = self._arange
         at = 0
-        for p in pieces:
-            n = len(p)
-            tokens[at : at + n] = p
-            positions[at : at + n] = self._arange[:n]
+        for ids, source, starts in pieces:
+            n = len(ids)
+            tokens[at : at + n] = ids
+            positions[at : at + n] = arange[:n]
             at += n
-            meta = p.meta  # type: ignore[attr-defined]
-            src_tokens[meta[0]] += n
-            if not meta[1]:  # the first piece of a document holds its first token
-                meta[1] = True
-                src_docs[meta[0]] += 1
+            src_tokens[source] += n
+            if starts:
+                src_docs[source] += 1
+        if at < row_len:
+            tokens[at:] = self.ctx.tok.pad_id
+            positions[at:] = -1
         self.out.append((tokens, positions))
         self.row_sources.append((src_tokens, src_docs))
         self.rows_emitted += 1

@@ -1,7 +1,8 @@
 """Packing: turning a lane's documents into rows of seq_len + 1 tokens.
 
-Packers pull documents from their lane (`lane.pick()`), push finished rows
-with `lane.emit(tokens, positions)` and declare flush points with
+Packers pull documents from their lane (`lane.pick()`: ids and source), push
+finished rows as pieces (ids, source, whether the piece starts its document)
+with `lane.emit(pieces)` and declare flush points with
 `lane.flush_point(skip_tokens)`: places where the packer holds no state, so a
 resume can restart from the lane's cursors alone. Positions restart at 0 at
 every document start and every row start; -1 marks padding.
@@ -13,12 +14,14 @@ from typing import Protocol
 
 import numpy as np
 
+Piece = tuple[np.ndarray, int, bool]
+
 
 class PackerLane(Protocol):
     rows_emitted: int
 
-    def pick(self) -> np.ndarray | None: ...
-    def emit(self, tokens: list[np.ndarray]) -> None: ...
+    def pick(self) -> tuple[np.ndarray, int] | None: ...
+    def emit(self, pieces: list[Piece]) -> None: ...
     def snapshot(self) -> tuple: ...
     def flush_point(self, snapshot: tuple, skip_tokens: int) -> None: ...
 
@@ -34,13 +37,14 @@ class ConcatPacker:
     def __init__(self, row_len: int, flush_interval: int, skip_tokens: int = 0):
         self.row_len, self.flush_interval = row_len, flush_interval
         self.cur: np.ndarray | None = None
+        self.cur_source = 0
         self.off = 0
         self.cur_pre: tuple = ()
         self.pending_skip = skip_tokens  # set on restore from a mid-document flush point
 
     def fill(self, lane: PackerLane) -> bool:
         """Emit one row; False once the lane's sources are exhausted."""
-        pieces: list[np.ndarray] = []
+        pieces: list[Piece] = []
         need = self.row_len
         while need:
             if self.cur is None or self.off == len(self.cur):
@@ -49,12 +53,14 @@ class ConcatPacker:
                 if doc is None:
                     self.cur = None
                     break
-                self.cur, self.cur_pre = doc, pre
+                (self.cur, self.cur_source), self.cur_pre = doc, pre
+                # A document resumed mid-way (pending_skip) started in an earlier row.
                 self.off, self.pending_skip = self.pending_skip, 0
                 continue
-            take = min(need, len(self.cur) - self.off)
-            pieces.append(self.cur[self.off : self.off + take])
-            self.off += take
+            off = self.off
+            take = min(need, len(self.cur) - off)
+            pieces.append((self.cur[off : off + take], self.cur_source, off == 0))
+            self.off = off + take
             need -= take
         if not pieces:
             return False
@@ -77,7 +83,7 @@ class BestFitPacker:
 
     def __init__(self, row_len: int, open_bins: int, flush_interval: int, start_row: int = 0):
         self.row_len, self.k, self.flush_interval = row_len, open_bins, flush_interval
-        self.bins: list[list[np.ndarray]] = []
+        self.bins: list[list[Piece]] = []
         self.free: list[int] = []
         self.rows_at_flush = start_row
 
@@ -91,13 +97,17 @@ class BestFitPacker:
 
     def fill(self, lane: PackerLane) -> bool:
         """Place one document (possibly emitting rows); False at the end of the data."""
-        doc = lane.pick()
-        if doc is None:
+        picked = lane.pick()
+        if picked is None:
             self._flush(lane)
             return False
+        doc, source = picked
         for a in range(0, len(doc), self.row_len):
-            chunk = doc[a : a + self.row_len]
-            n = len(chunk)
+            ids = doc[a : a + self.row_len]
+            n = len(ids)
+            # The first chunk is emitted first (whole rows go out at once), so it
+            # is the one that starts the document.
+            chunk = (ids, source, a == 0)
             if n == self.row_len:
                 lane.emit([chunk])
                 continue

@@ -42,6 +42,7 @@ from zephon.mixing import Mixer
 from zephon.pieces import encode_documents
 from zephon.shuffle import SourcePlan
 from zephon.sources import SourceReader
+from zephon.sources.storage import is_remote
 from zephon.tokenize import RawBlock, TokenizerInfo, check_token_ids
 
 # Documents at least this long keep their ids in a small cache: a lane that
@@ -95,6 +96,7 @@ class Feed:
         # the documents it is about to need, not of a whole block; other formats
         # (row groups, Arrow slices) are read a block at a time.
         self.by_document = reader.spec.format == "jsonl"
+        self.remote = any(is_remote(p) for p in reader.spec.paths)
         if not retired:
             if pos >= plan.lane_docs(epoch, lane.lane):
                 if not repeat:
@@ -162,8 +164,9 @@ class DemandScheduler:
 
     Args:
         tok: the tokenizer.
-        workers: reader threads (0: everything inline, on the thread that
-            needs a document); with workers, two encoder threads call the tokenizer.
+        workers: 0: everything inline, on the thread that needs a document;
+            otherwise two encoder threads call the tokenizer and read local
+            files themselves, and this many threads read remote ones.
         budget_tokens: lookahead budget (tokens tokenized but not yet taken).
         step_tokens: tokens one lane contributes to one step (rows x row length).
         weights, unit: the recipe's mixture (the simulation's mixer).
@@ -568,8 +571,11 @@ class DemandScheduler:
                 while not self.closed:
                     batch, reads = self._plan()
                     for f, block in reads:
-                        assert self._pool is not None
-                        self._pool.submit(self._read_locked, f, block)
+                        if f.remote:  # waiting on the network: let a reader thread wait
+                            assert self._pool is not None
+                            self._pool.submit(self._read_locked, f, block)
+                        else:  # local reads are CPU work under the GIL: no thread gains
+                            self._read(f, block)
                     if batch:
                         self._encode(batch)
                     elif not reads:
