@@ -112,23 +112,29 @@ class Feed:
     def can_read(self) -> bool:
         return not self.reading and (self.next_block is not None or len(self.block_left) > 0)
 
-    def advance(self, docs: int) -> tuple[int, np.ndarray]:
-        """The documents to read now (block start, offsets in visiting order): up to
-        `docs` of them when reading by document, else the rest of the block."""
-        if not len(self.block_left):
-            assert self.next_block is not None
-            epoch, j, skip = self.next_block
-            blocks, _ = self.plan.lane_blocks(epoch, self.lane.lane)
-            if j + 1 < len(blocks):
-                self.next_block = (epoch, j + 1, 0)
-            else:
-                self.next_block = (epoch + 1, 0, 0) if self.repeat else None
-            block = int(blocks[j])
-            self.block_start, self.block_end = self.plan.block_range(block)
-            self.block_left = self.plan.block_order(epoch, block)[skip:]
-        take = docs if self.by_document else len(self.block_left)
-        chunk, self.block_left = self.block_left[:take], self.block_left[take:]
-        return self.block_start, chunk
+    def advance(self, docs: int) -> list[tuple[int, int, np.ndarray]]:
+        """The documents to read now, as (block start, block end, offsets in visiting
+        order) per block: up to `docs` of them when reading by document (across
+        blocks: a block may hold fewer than a lane needs per step), else the rest
+        of one block."""
+        parts = []
+        while docs > 0 and (len(self.block_left) or self.next_block is not None):
+            if not len(self.block_left):
+                assert self.next_block is not None
+                epoch, j, skip = self.next_block
+                blocks, _ = self.plan.lane_blocks(epoch, self.lane.lane)
+                if j + 1 < len(blocks):
+                    self.next_block = (epoch, j + 1, 0)
+                else:
+                    self.next_block = (epoch + 1, 0, 0) if self.repeat else None
+                block = int(blocks[j])
+                self.block_start, self.block_end = self.plan.block_range(block)
+                self.block_left = self.plan.block_order(epoch, block)[skip:]
+            take = docs if self.by_document else len(self.block_left)
+            chunk, self.block_left = self.block_left[:take], self.block_left[take:]
+            parts.append((self.block_start, self.block_end, chunk))
+            docs = docs - len(chunk) if self.by_document else 0
+        return parts
 
 
 class LaneDemand:
@@ -207,6 +213,7 @@ class DemandScheduler:
         self.closed = False
         self.error: BaseException | None = None  # a fault in the scheduler itself
         self.idle = 0
+        self.horizon = 1
         self._reset_counts()
         # ids of long documents by (source, document): a pure function of the data.
         self._long: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
@@ -366,8 +373,13 @@ class DemandScheduler:
             # feed already holds, at the source's share. Replaying the mixer here
             # would cost as much per document as the lane's own mixing, and a lane
             # that does need a document first waits on it and is served above.
-            est = ld.offset + int(f.sched_tokens / self.shares[k])
-            return (est // self.step_tokens, ld.order, est, next(self._seq), f)
+            est = self._estimate(ld, k, f)
+            step = est // self.step_tokens
+            if step > self.floor + self.horizon:
+                # Too far ahead: without this, a feed whose partner is still being
+                # read would take the whole budget for steps nobody needs yet.
+                return None
+            return (step, ld.order, est, next(self._seq), f)
         if not (ld.frontier == k and ld.sim_idx[k] == f.sched):
             return None  # before the first batch only the exact next documents
         est = ld.sim_offset
@@ -376,10 +388,27 @@ class DemandScheduler:
             return None
         return (step, ld.order, est, next(self._seq), f)
 
-    def _plan(self) -> tuple[list[_Slot], list[tuple[Feed, tuple[int, np.ndarray]]]]:
+    def _estimate(self, ld: LaneDemand, k: int, f: Feed) -> int:
+        """Lane-stream offset where the feed's next unqueued document is likely needed.
+
+        Largest-deficit mixing picks source k's next document once k's share of
+        everything the lane has taken reaches what k has given plus what it holds
+        queued; the offset is the lane's position then (documents are counted at
+        the average document length when the mixture is by documents)."""
+        share = self.shares[k]
+        if self.unit == "tokens":
+            return ld.offset + int((ld.counts[k] + f.sched_tokens) / share) - sum(ld.counts)
+        c = self.counts
+        per_doc = c["tokens_tokenized"] / c["docs_tokenized"] if c["docs_tokenized"] else 256
+        docs_ahead = (ld.counts[k] + f.sched) / share - sum(ld.counts)
+        return ld.offset + int(docs_ahead * per_doc)
+
+    def _plan(self) -> tuple[list[_Slot], list[tuple[Feed, list[tuple[int, int, np.ndarray]]]]]:
         """Choose documents to tokenize and blocks to read, in order of need."""
         if self.closed:
             return [], []
+        # Steps of lookahead past the one being produced: the budget's worth, plus one.
+        self.horizon = self.budget // max(1, self.step_tokens * len(self.lanes)) + 1
         heap = []
         for ld in self.lanes:
             if len(ld.feeds) < len(self.weights):
@@ -392,7 +421,7 @@ class DemandScheduler:
                     heap.append(entry)
         heapq.heapify(heap)
         batch: list[_Slot] = []
-        reads: list[tuple[Feed, tuple[int, np.ndarray]]] = []
+        reads: list[tuple[Feed, list[tuple[int, int, np.ndarray]]]] = []
         est_total, needed, held_back, cached = 0, False, False, False
         while heap and len(batch) < self.max_docs and est_total < self.call_tokens:
             step, _, _, _, f = heapq.heappop(heap)
@@ -400,6 +429,11 @@ class DemandScheduler:
                 f.reading = True
                 reads.append((f, f.advance(self._read_docs())))
                 continue
+            if self.warm and f.can_read() and len(f.slots) - f.sched <= self._read_docs() // 2:
+                # Read the next documents before these run out, so the feed
+                # never waits on its own read.
+                f.reading = True
+                reads.append((f, f.advance(self._read_docs())))
             slot = f.slots[f.sched]
             if len(slot.text) >= LONG_CHARS and self._cached(f, slot):
                 cached = True  # served: the batch can no longer be undone slot by slot
@@ -518,26 +552,27 @@ class DemandScheduler:
         if not self.warm:  # the simulation moved on: the other encoder may plan too
             self.wake.notify()
 
-    def _read(self, f: Feed, chunk: tuple[int, np.ndarray]) -> None:
+    def _read(self, f: Feed, parts: list[tuple[int, int, np.ndarray]]) -> None:
         """Read documents of a feed (lock released) and add them (lock held)."""
-        start, order = chunk
-        span = (f.block_start, f.block_end)
         self.cond.release()
+        slots: list[_Slot] = []
+        err: BaseException | None = None
         try:
-            raw = _read_docs(f.reader, start, order, f.by_document, span)
-            if f.reader.spec.pretokenized:
-                done = check_token_ids(raw, f.reader, self.tok)
-                slots = [
-                    _Slot(None, ids, int(d), f)
-                    for ids, d in zip(done.docs, done.doc_ids, strict=True)
-                ]
-            else:
-                slots = [
-                    _Slot(v, None, int(d), f) for v, d in zip(raw.values, raw.doc_ids, strict=True)
-                ]
-            err: BaseException | None = None
+            for start, end, order in parts:  # a bad part keeps the documents before it
+                raw = _read_docs(f.reader, start, order, f.by_document, (start, end))
+                if f.reader.spec.pretokenized:
+                    done = check_token_ids(raw, f.reader, self.tok)
+                    slots += [
+                        _Slot(None, ids, int(d), f)
+                        for ids, d in zip(done.docs, done.doc_ids.tolist(), strict=True)
+                    ]
+                else:
+                    slots += [
+                        _Slot(v, None, d, f)
+                        for v, d in zip(raw.values, raw.doc_ids.tolist(), strict=True)
+                    ]
         except BaseException as exc:
-            slots, err = [], exc
+            err = exc
         finally:
             self.cond.acquire()
         f.reading = False
@@ -587,7 +622,7 @@ class DemandScheduler:
                 self._notify_everyone()
                 raise
 
-    def _read_locked(self, f: Feed, block: tuple[int, np.ndarray]) -> None:
+    def _read_locked(self, f: Feed, block: list[tuple[int, int, np.ndarray]]) -> None:
         with self.cond:
             self._read(f, block)
 
