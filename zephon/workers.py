@@ -420,6 +420,7 @@ class DemandScheduler:
                 if entry is not None:
                     heap.append(entry)
         heapq.heapify(heap)
+        read_size = self._read_docs()
         batch: list[_Slot] = []
         reads: list[tuple[Feed, list[tuple[int, int, np.ndarray]]]] = []
         est_total, needed, held_back, cached = 0, False, False, False
@@ -427,13 +428,13 @@ class DemandScheduler:
             step, _, _, _, f = heapq.heappop(heap)
             if f.sched >= len(f.slots):
                 f.reading = True
-                reads.append((f, f.advance(self._read_docs())))
+                reads.append((f, f.advance(read_size)))
                 continue
-            if self.warm and f.can_read() and len(f.slots) - f.sched <= self._read_docs() // 2:
+            if self.warm and f.can_read() and len(f.slots) - f.sched <= read_size // 2:
                 # Read the next documents before these run out, so the feed
                 # never waits on its own read.
                 f.reading = True
-                reads.append((f, f.advance(self._read_docs())))
+                reads.append((f, f.advance(read_size)))
             slot = f.slots[f.sched]
             if len(slot.text) >= LONG_CHARS and self._cached(f, slot):
                 cached = True  # served: the batch can no longer be undone slot by slot
@@ -469,13 +470,15 @@ class DemandScheduler:
 
     def _read_docs(self) -> int:
         """Documents per read: a few before the first batch; then each feed's share
-        of the lookahead budget, so that text read ahead follows the budget too."""
+        of the lookahead budget (16 to 256), so that text read ahead follows the
+        budget too."""
         if not self.warm:
             return 2
         c = self.counts
         per_doc = c["tokens_tokenized"] / c["docs_tokenized"] if c["docs_tokenized"] else 256
         feeds = sum(len(ld.feeds) for ld in self.lanes) or 1
-        return int(min(256, max(2, self.budget / feeds / max(per_doc, 1.0))))
+        # At least 16: many lanes would otherwise read a few lines per call.
+        return int(min(256, max(16, self.budget / feeds / max(per_doc, 1.0))))
 
     def _cached(self, f: Feed, slot: _Slot) -> bool:
         """Serve a long document from the cache, if it is there."""
