@@ -1,7 +1,8 @@
-"""Smoke test: benchmarks/bench_pipeline.py --quick runs and prints its ratio line."""
+"""Smoke tests: the pipeline and throughput benchmarks run with --quick and write their figures."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -22,3 +23,18 @@ def test_bench_pipeline_quick(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "RATIO pipeline/raw = " in proc.stdout
     assert out.is_file()
+
+
+def test_bench_throughput_quick(tmp_path: Path) -> None:
+    ensure_sample_data()
+    out = tmp_path / "throughput"
+    script = REPO / "benchmarks" / "bench_throughput.py"
+    cmd = [sys.executable, str(script), "--quick", "--lanes", "1", "8"]
+    cmd += ["--work", str(tmp_path / "work"), "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads(out.with_suffix(".json").read_text())
+    assert sorted(doc["results"]) == ["long/1", "long/8", "sample/1", "sample/8"]
+    for r in doc["results"].values():
+        assert r["raw_tokens"] > 0 and r["ratio"] > 0 and len(r["ratios"]) == 1
+    assert "| sample | 8 |" in out.with_suffix(".md").read_text()

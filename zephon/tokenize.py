@@ -249,8 +249,8 @@ def encode_texts(texts: list[str], tok: TokenizerInfo) -> list[np.ndarray]:
     bounds = [0]
     bos, eos = ([tok.bos_id] if tok.add_bos else []), tok.eos_id
     for enc in encodings:
-        flat += bos
-        flat += enc.ids
+        flat.extend(bos)
+        flat.extend(enc.ids)
         flat.append(eos)
         bounds.append(len(flat))
     arr = np.fromiter(flat, dtype=np.int32, count=len(flat))

@@ -5,20 +5,27 @@ in the lane's visiting order. Reading is by block (the unit of the shuffle);
 tokenization is per document. One `DemandScheduler` per loader decides, for
 all lanes of the rank together, which documents to tokenize next:
 
-- Need order. For every lane the scheduler replays the lane's mixer over the
-  documents already tokenized (a copy of the same largest-deficit rule), which
-  gives the exact next document the lane will pick and the token offset in the
-  lane's stream where it starts, hence the step that needs it. Candidates are
-  served in the order (step, lane). A lane blocked on a document is served
-  first.
-- Before the first batch is assembled only those exact documents are
-  tokenized (nothing speculative), so start-up and restore work is the rows
-  they need, plus the one document per lane that straddles the end.
-- After it, documents further ahead in each feed are tokenized too, ordered by
-  an estimate of where they fall (`offset + tokens ahead / source share`), as
-  long as tokenized-but-unconsumed tokens stay within one budget for the rank
-  (`lookahead_tokens`). Documents needed by the step being produced are never
-  held back by the budget.
+- Need order, before the first batch. For every lane the scheduler replays
+  the lane's mixer over the documents already tokenized (a copy of the same
+  largest-deficit rule), which gives the exact next document the lane will
+  pick and the token offset in the lane's stream where it starts, hence the
+  step that needs it. Only those exact documents are tokenized (nothing
+  speculative), served in the order (step, lane), so start-up and restore
+  work is the rows they need, plus the one document per lane that straddles
+  the end.
+- Lookahead, after it. Replaying the mixer would cost as much per document as
+  the lane's own mixing, so each feed's next document is placed by estimate:
+  the lane offset at which the source's share of what the lane has taken
+  covers what the source has given plus what it holds queued. Documents are
+  tokenized in that order, at most `horizon` steps past the one being
+  produced, while tokenized-but-unconsumed tokens stay within one budget for
+  the rank (`lookahead_tokens`). A lane that waits on a document is served
+  first, and the step being produced is never held back by the budget.
+- Reading runs ahead of tokenizing: a feed reads its next documents (across
+  shuffle blocks) when half of what it read is queued. Local files are read
+  by the encoder threads themselves (parsing is CPU work under the GIL, so a
+  thread pool gains nothing); remote ones by a pool that can wait on the
+  network.
 
 Documents of all lanes go to the tokenizer together, in large `encode_batch`
 calls (small calls leave the tokenizer's thread pool idle). None of this
