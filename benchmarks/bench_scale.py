@@ -65,11 +65,23 @@ def _text(rng: np.random.Generator, vocab: np.ndarray, chars: int) -> str:
     return "\n".join(lines)
 
 
-def make_corpus(folder: Path, size_mb: int, seed: int, files: int = 8) -> dict[str, Any]:
+def _scale_length(rng: np.random.Generator) -> tuple[int, bool]:
     """Log-normal lengths (median ~2.5 KB, mean ~5 KB) and 0.3% long documents
-    of 100 KB to 2 MB. Written once; reused while the parameters match."""
+    of 100 KB to 2 MB; (characters, whether it is a long one)."""
+    if rng.random() < 0.003:
+        return int(min(2_000_000, 100_000 * (1 + rng.pareto(1.2)))), True
+    return int(np.clip(rng.lognormal(np.log(2500), 1.1), 50, 90_000)), False
+
+
+def make_corpus(
+    folder: Path, size_mb: int, seed: int, files: int = 8, length: Any = _scale_length
+) -> dict[str, Any]:
+    """JSONL files of generated documents whose lengths `length(rng)` draws
+    (default: `_scale_length`). Written once; reused while the parameters match."""
     meta_path = folder / "corpus.json"
     want = {"size_mb": size_mb, "seed": seed, "files": files, "version": 1}
+    if length is not _scale_length:
+        want["lengths"] = length.__name__
     if meta_path.exists() and json.loads(meta_path.read_text()).get("params") == want:
         return json.loads(meta_path.read_text())
     folder.mkdir(parents=True, exist_ok=True)
@@ -85,11 +97,8 @@ def make_corpus(folder: Path, size_mb: int, seed: int, files: int = 8) -> dict[s
         written = 0
         with open(folder / f"part-{k:03d}.jsonl", "w", encoding="utf-8") as f:
             while written < per_file:
-                if rng.random() < 0.003:
-                    chars = int(min(2_000_000, 100_000 * (1 + rng.pareto(1.2))))
-                    longs += 1
-                else:
-                    chars = int(np.clip(rng.lognormal(np.log(2500), 1.1), 50, 90_000))
+                chars, long = length(rng)
+                longs += long
                 line = json.dumps({"text": _text(rng, vocab, chars)}) + "\n"
                 f.write(line)
                 written += len(line)

@@ -45,7 +45,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_pipeline import batch_tokens, loadavg, machine_info  # noqa: E402
-from bench_scale import _text, _vocabulary  # noqa: E402
+from bench_scale import make_corpus  # noqa: E402
 
 from zephon import ZephonLoader, load_recipe, load_tokenizer  # noqa: E402
 from zephon.recipe import Recipe  # noqa: E402
@@ -60,38 +60,12 @@ MARKERS = ("<!-- bench_throughput:begin -->", "<!-- bench_throughput:end -->")
 # -- corpora ----------------------------------------------------------------------
 
 
-def make_long_corpus(folder: Path, size_mb: int, seed: int = 3, files: int = 8) -> dict[str, Any]:
-    """Log-normal document lengths (mean ~7.6 KB) plus 10% of 10-200 KB; reused if present."""
-    meta_path = folder / "corpus.json"
-    want = {"size_mb": size_mb, "seed": seed, "files": files, "version": 1}
-    if meta_path.exists() and json.loads(meta_path.read_text()).get("params") == want:
-        return json.loads(meta_path.read_text())
-    folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.glob("part-*.jsonl"):
-        old.unlink()
-    rng = np.random.default_rng(seed)
-    vocab = _vocabulary(rng)
-    per_file = size_mb * 1_000_000 // files
-    docs = 0
-    for k in range(files):
-        written = 0
-        with open(folder / f"part-{k:03d}.jsonl", "w", encoding="utf-8") as f:
-            while written < per_file:
-                if rng.random() < 0.1:
-                    chars = int(np.exp(rng.uniform(np.log(10_000), np.log(200_000))))
-                else:  # sigma 1: mean exp(mu + 1/2) = 7.6 KB
-                    chars = int(np.clip(rng.lognormal(np.log(7_600) - 0.5, 1.0), 50, 200_000))
-                line = json.dumps({"text": _text(rng, vocab, chars)}) + "\n"
-                f.write(line)
-                written += len(line)
-                docs += 1
-    meta = {
-        "params": want,
-        "documents": docs,
-        "bytes": sum(p.stat().st_size for p in folder.glob("part-*.jsonl")),
-    }
-    meta_path.write_text(json.dumps(meta, indent=1))
-    return meta
+def web_length(rng: np.random.Generator) -> tuple[int, bool]:
+    """Log-normal lengths (mean ~7.6 KB) plus 10% whole "source files" of 10-200 KB."""
+    if rng.random() < 0.1:
+        return int(np.exp(rng.uniform(np.log(10_000), np.log(200_000)))), True
+    # sigma 1: mean exp(mu + 1/2) = 7.6 KB
+    return int(np.clip(rng.lognormal(np.log(7_600) - 0.5, 1.0), 50, 200_000)), False
 
 
 def corpus_recipe(name: str, args: argparse.Namespace, lanes: int) -> Recipe:
@@ -99,7 +73,7 @@ def corpus_recipe(name: str, args: argparse.Namespace, lanes: int) -> Recipe:
         recipe = load_recipe(REPO / "train_configs" / "data" / "sample_mix.toml")
     else:
         work = Path(args.work).resolve()
-        make_long_corpus(work / "long", args.long_size_mb)
+        make_corpus(work / "long", args.long_size_mb, seed=3, length=web_length)
         path = work / "long.toml"
         path.write_text(
             '[recipe]\nname = "long-docs"\nseed = 7\nlanes = 8\n\n'
