@@ -40,6 +40,11 @@ noisy:
 
 3. State size. Bytes of `json.dumps(merge_rank_states([state_dict()]))`.
 
+The sustained-throughput figures the README quotes come from
+`bench_throughput.py`, over windows of about 16 M tokens at 1, 8 and 64 lanes;
+the short default window here (2 M tokens) charges the start-up and the
+lookahead past its end to a few steps, so its ratio reads lower.
+
 Run from the repository root, e.g.
 
     python benchmarks/bench_pipeline.py --workers-sweep --json outputs/bench.json

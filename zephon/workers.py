@@ -158,6 +158,7 @@ class LaneDemand:
         self.lane, self.order = lane, order
         self.feeds: list[Feed] = []
         self.counts = list(counts)
+        self.taken = sum(self.counts)  # sum(counts), kept up to date by take()
         self.offset = offset  # lane-stream token offset where its next document starts
         self.weights, self.unit = weights, unit
         self.restart()
@@ -310,7 +311,9 @@ class DemandScheduler:
                     ids = slot.ids
                     assert ids is not None
                     ld, k, n = feed.lane, feed.source, len(ids)
-                    ld.counts[k] += n if self.unit == "tokens" else 1
+                    unit = n if self.unit == "tokens" else 1
+                    ld.counts[k] += unit
+                    ld.taken += unit
                     ld.offset += n
                     feed.sched_tokens -= n
                     if self.warm:
@@ -404,10 +407,10 @@ class DemandScheduler:
         the average document length when the mixture is by documents)."""
         share = self.shares[k]
         if self.unit == "tokens":
-            return ld.offset + int((ld.counts[k] + f.sched_tokens) / share) - sum(ld.counts)
+            return ld.offset + int((ld.counts[k] + f.sched_tokens) / share) - ld.taken
         c = self.counts
         per_doc = c["tokens_tokenized"] / c["docs_tokenized"] if c["docs_tokenized"] else 256
-        docs_ahead = (ld.counts[k] + f.sched) / share - sum(ld.counts)
+        docs_ahead = (ld.counts[k] + f.sched) / share - ld.taken
         return ld.offset + int(docs_ahead * per_doc)
 
     def _plan(self) -> tuple[list[_Slot], list[tuple[Feed, list[tuple[int, int, np.ndarray]]]]]:
@@ -477,15 +480,15 @@ class DemandScheduler:
 
     def _read_docs(self) -> int:
         """Documents per read: a few before the first batch; then each feed's share
-        of the lookahead budget (16 to 256), so that text read ahead follows the
+        of the lookahead budget (32 to 256), so that text read ahead follows the
         budget too."""
         if not self.warm:
             return 2
         c = self.counts
         per_doc = c["tokens_tokenized"] / c["docs_tokenized"] if c["docs_tokenized"] else 256
         feeds = sum(len(ld.feeds) for ld in self.lanes) or 1
-        # At least 16: many lanes would otherwise read a few lines per call.
-        return int(min(256, max(16, self.budget / feeds / max(per_doc, 1.0))))
+        # At least 32: many lanes would otherwise read a few lines per call.
+        return int(min(256, max(32, self.budget / feeds / max(per_doc, 1.0))))
 
     def _cached(self, f: Feed, slot: _Slot) -> bool:
         """Serve a long document from the cache, if it is there."""
