@@ -368,12 +368,15 @@ def render(r: dict[str, Any]) -> str:
         f"characters); one source, concat, seq_len {c['seq_len']}, global batch "
         f"{rows_per_step} rows, all lanes on one rank, workers 2, prefetch 2, lookahead "
         f"default (two steps). Restore at step {c['restore_step']} (inside a flush interval "
-        f"of {c['flush_interval']} rows). {r['cpus']} CPUs shared with other jobs "
-        f"(load {r['loadavg_start'][0]:.1f} at the start, {r['loadavg_end'][0]:.1f} at the end).",
+        f"of {c['flush_interval']} rows). {r['cpus']} CPUs (load "
+        f"{r['loadavg_start'][0]:.1f} at the start, {r['loadavg_end'][0]:.1f} at the end). The "
+        f"last column is {c['steady_steps']} steps after a warm lookahead, raw time over "
+        "pipeline time on the same documents: too short to say anything about sustained "
+        "throughput, which `bench_throughput.py` measures over 16 M-token windows.",
         "",
         "| lanes | first batch | tokens tokenized before it / in it | restore (replay rows) "
         "| tokens tokenized before it / in it + replayed | peak RSS fresh / restore / idle "
-        "| steady vs raw encode_batch |",
+        "| short window vs raw encode_batch |",
         "|---|---|---|---|---|---|---|",
     ]
     row = c["seq_len"] + 1
