@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from zephon.mixing import Mixer
-from zephon.packing import BestFitPacker, ConcatPacker
+from zephon.packing import BestFitPacker, ConcatPacker, Piece
 from zephon.recipe import Recipe
 from zephon.shuffle import SourcePlan
 from zephon.sources import SourceReader
@@ -40,11 +40,6 @@ class PipelineContext:
     tok: TokenizerInfo
     row_len: int
     work: DemandScheduler
-
-
-# A piece of a row: (token ids, source index, whether the piece starts its
-# document). Packers build them; rows count tokens and documents by source.
-Piece = tuple[np.ndarray, int, bool]
 
 
 class SourceCursor:

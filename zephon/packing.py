@@ -14,6 +14,8 @@ from typing import Protocol
 
 import numpy as np
 
+# A piece of a row: (token ids, source index, whether the piece starts its
+# document). Packers build them; rows count tokens and documents by source.
 Piece = tuple[np.ndarray, int, bool]
 
 
