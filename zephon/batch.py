@@ -44,7 +44,13 @@ class Batch:
         return int(self.input_ids.shape[0])
 
     def num_valid_tokens(self) -> int:
-        return int((self.labels != IGNORE_INDEX).sum())
+        labels = self.labels
+        if labels.device.type == "cpu":
+            # Counted in numpy: a reduction this small would wake torch's intra-op
+            # threads, which then spin for a while and take the cores from the
+            # loader's tokenizer (about 5 ms of CPU per step of 64 x 2048 here).
+            return int(np.count_nonzero(labels.numpy() != IGNORE_INDEX))
+        return int((labels != IGNORE_INDEX).sum())
 
     def micro_batches(self, rows: int) -> list[Batch]:
         if rows <= 0 or self.num_rows % rows:
