@@ -92,11 +92,17 @@ def _wrap_lengths(tok: TokenizerInfo) -> tuple[int, int]:
     raise RuntimeError("encode_texts does not contain the document's ids; cannot join pieces")
 
 
+def needs_pieces(texts: list[str], tok: TokenizerInfo, piece_chars: int = PIECE_CHARS) -> bool:
+    """Whether `encode_documents` would cut any of these texts (else it is one
+    `encode_texts` call)."""
+    return any(len(t) > 2 * piece_chars for t in texts) and piecewise_safe(tok)
+
+
 def encode_documents(
     texts: list[str], tok: TokenizerInfo, piece_chars: int = PIECE_CHARS
 ) -> list[np.ndarray]:
     """encode_texts(texts, tok), with long texts encoded in pieces where that is exact."""
-    if not any(len(t) > 2 * piece_chars for t in texts) or not piecewise_safe(tok):
+    if not needs_pieces(texts, tok, piece_chars):
         return encode_texts(texts, tok)
     flat: list[str] = []
     spans: list[tuple[int, int]] = []

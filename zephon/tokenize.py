@@ -235,16 +235,22 @@ def check_token_ids(raw: RawBlock, reader: SourceReader, tok: TokenizerInfo) -> 
     return TokenizedBlock(docs, raw.doc_ids)
 
 
-def encode_texts(texts: list[str], tok: TokenizerInfo) -> list[np.ndarray]:
-    """Token ids of each text, framed as `_frame` does (EOS, and BOS if asked).
+def encode_raw(texts: list[str], tok: TokenizerInfo) -> list[Any]:
+    """The tokenizer's encodings of `texts` (its own thread pool, GIL released).
 
     `encode_batch_fast` gives the same ids as `encode_batch` without computing
-    character offsets, which nothing here uses. The ids of the whole call go
-    through one Python list into one array, and each document is a view of it:
-    converting document by document costs an array and a copy each."""
+    character offsets, which nothing here uses."""
     t = tok.tokenizer
     encode = getattr(t, "encode_batch_fast", None) or t.encode_batch
-    encodings = encode(texts, add_special_tokens=False)
+    return encode(texts, add_special_tokens=False)
+
+
+def frame_ids(encodings: list[Any], tok: TokenizerInfo) -> list[np.ndarray]:
+    """Each encoding's ids framed as `_frame` does (EOS, and BOS if asked).
+
+    The ids of the whole call go through one Python list into one array, and
+    each document is a view of it: converting document by document costs an
+    array and a copy each."""
     flat: list[int] = []
     bounds = [0]
     bos, eos = ([tok.bos_id] if tok.add_bos else []), tok.eos_id
@@ -255,6 +261,11 @@ def encode_texts(texts: list[str], tok: TokenizerInfo) -> list[np.ndarray]:
         bounds.append(len(flat))
     arr = np.fromiter(flat, dtype=np.int32, count=len(flat))
     return [arr[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def encode_texts(texts: list[str], tok: TokenizerInfo) -> list[np.ndarray]:
+    """Token ids of each text, framed as `_frame` does (EOS, and BOS if asked)."""
+    return frame_ids(encode_raw(texts, tok), tok)
 
 
 def tokenize_block(
