@@ -188,3 +188,37 @@ def test_long_documents_drawn_again_give_the_same_batches(tmp_path, tokenizer_pa
         assert step_digests(loaders, 30) == expected, budget
         assert sum(ld.stats()["work"]["docs_from_cache"] for ld in loaders) > 0
         close(loaders)
+
+
+class _FailingTokenizer:
+    """A tokenizer that fails on its `fail_at`-th batch call (counted from 1)."""
+
+    def __init__(self, inner, fail_at: int):
+        self.inner, self.fail_at, self.calls = inner, fail_at, 0
+
+    def encode_batch_fast(self, texts, add_special_tokens=False):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("tokenizer broke on purpose")
+        return self.inner.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
+
+    def encode(self, text, add_special_tokens=False):
+        return self.inner.encode(text, add_special_tokens=add_special_tokens)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("fail_at", [1, 5])
+def test_a_tokenizer_error_reaches_the_trainer(make_recipe, tokenizer_path, workers, fail_at):
+    """A call that fails hands its error to the lanes waiting on its documents:
+    next_batch raises it (before or after the first batch), and close() returns."""
+    import dataclasses
+
+    tok = load_tokenizer(tokenizer_path)
+    broken = dataclasses.replace(tok, tokenizer=_FailingTokenizer(tok.tokenizer, fail_at))
+    loader = ZephonLoader(
+        make_recipe(lanes=4), broken, SEQ_LEN, GLOBAL_BATCH, num_workers=workers, prefetch=2
+    )
+    with pytest.raises(RuntimeError, match="broke on purpose"):
+        for _ in range(50):
+            loader.next_batch()
+    loader.close()
