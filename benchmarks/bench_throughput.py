@@ -23,7 +23,7 @@ documents of about 210 tokens); `long` is generated: web-like JSONL with
 log-normal lengths (mean about 7.6 KB) and 10% whole "source files" of 10-200
 KB, one source.
 
-    python benchmarks/bench_throughput.py            # both corpora, 1/8/64 lanes, ~15 min on 2 cores
+    python benchmarks/bench_throughput.py            # both corpora, 1/8/64 lanes, about 30 min on 2 cores
     python benchmarks/bench_throughput.py --quick    # smoke run
 
 Writes <out>.json (raw figures) and <out>.md; the committed results
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corpora", nargs="+", default=["sample", "long"], choices=["sample", "long"])
     p.add_argument("--lanes", type=int, nargs="+", default=[1, 8, 64])
     p.add_argument("--tokens", type=int, default=16_000_000, help="window per round")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--global-batch", type=int, default=64)
     p.add_argument("--long-size-mb", type=int, default=100)
