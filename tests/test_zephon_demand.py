@@ -4,6 +4,7 @@ one lookahead budget, and per-source counts that do not depend on the rank count
 from __future__ import annotations
 
 import itertools
+import threading
 import warnings
 
 import numpy as np
@@ -218,7 +219,21 @@ def test_a_tokenizer_error_reaches_the_trainer(make_recipe, tokenizer_path, work
     loader = ZephonLoader(
         make_recipe(lanes=4), broken, SEQ_LEN, GLOBAL_BATCH, num_workers=workers, prefetch=2
     )
-    with pytest.raises(RuntimeError, match="broke on purpose"):
-        for _ in range(50):
-            loader.next_batch()
+    raised: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            for _ in range(50):
+                loader.next_batch()
+        except BaseException as exc:
+            raised.append(exc)
+
+    # On a thread with a deadline: a lost error would leave next_batch waiting
+    # forever, and the test must fail then, not hang.
+    t = threading.Thread(target=consume, daemon=True)
+    t.start()
+    t.join(timeout=60)
+    assert not t.is_alive(), "next_batch still waits: the tokenizer's error was lost"
+    assert len(raised) == 1 and isinstance(raised[0], RuntimeError), raised
+    assert "broke on purpose" in str(raised[0])
     loader.close()

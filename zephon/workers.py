@@ -343,7 +343,7 @@ class DemandScheduler:
                         ld.restart()
                     self.used -= n
                     self.waiting.discard(feed)
-                    # An idle encoder waits for a quarter of the budget to be free
+                    # The idle planner waits for a quarter of the budget to be free
                     # (see _plan); before the first batch every pick is new work.
                     if self.idle and (not self.warm or self.used <= self.budget - self.budget // 4):
                         self.wake.notify()
