@@ -15,7 +15,7 @@ import math
 import os
 import tomllib
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +29,52 @@ PACKERS = ("concat", "best_fit")
 BAD_RECORDS = ("error", "drop")
 
 
+# How a field enters the recipe's identity digest (DESIGN §11, docs/design.md
+# "Compatibility"). Fields that existed when digests were first pinned always
+# enter, so those digests stay what they were; a field added later enters only
+# when it is not at its default, so learning a new setting never changes the
+# digest of a recipe that does not use it. Settings that say how data is
+# reached or how fast, not what it is, never enter.
+ALWAYS = {"identity": "always"}
+NEVER = {"identity": "never"}
+
+
+def _default(f: Any) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return MISSING
+
+
+def identity_of(spec: Any) -> dict[str, Any]:
+    """The fields of a spec dataclass that enter the digest, by the rule above."""
+    out: dict[str, Any] = {}
+    for f in fields(spec):
+        rule = f.metadata.get("identity", "if_set")
+        if rule == "never":
+            continue
+        value = getattr(spec, f.name)
+        if rule == "if_set" and value == _default(f):
+            continue
+        out[f.name] = identity_of(value) if hasattr(value, "__dataclass_fields__") else value
+    return out
+
+
 @dataclass(frozen=True)
 class SourceSpec:
-    name: str
-    paths: tuple[str, ...]  # resolved, sorted, absolute
-    format: str
-    text_field: str = "text"
-    token_field: str = ""  # set for pretokenized input: a list of token ids
-    weight: float = 1.0
-    on_exhausted: str = "repeat"
-    hf_builder: str = "json"  # for format = "hf"
+    name: str = field(metadata=ALWAYS)
+    paths: tuple[str, ...] = field(metadata=ALWAYS)  # resolved, sorted, absolute
+    format: str = field(metadata=ALWAYS)
+    text_field: str = field(default="text", metadata=ALWAYS)
+    # set for pretokenized input: a list of token ids
+    token_field: str = field(default="", metadata=ALWAYS)
+    weight: float = field(default=1.0, metadata=ALWAYS)
+    on_exhausted: str = field(default="repeat", metadata=ALWAYS)
+    hf_builder: str = field(default="json", metadata=ALWAYS)  # for format = "hf"
     # fsspec options for remote paths, as JSON ([storage] merged with the source's
     # storage_options). How the data is reached, not what it is: kept out of the digest.
-    storage: str = ""
+    storage: str = field(default="", metadata=NEVER)
 
     @property
     def pretokenized(self) -> bool:
@@ -54,21 +87,23 @@ class SourceSpec:
 
 @dataclass(frozen=True)
 class MixtureSpec:
-    unit: str = "tokens"
-    on_exhausted: str = "repeat"
+    unit: str = field(default="tokens", metadata=ALWAYS)
+    on_exhausted: str = field(default="repeat", metadata=ALWAYS)
 
 
 @dataclass(frozen=True)
 class ShuffleSpec:
-    enabled: bool = True
-    block_size: int = 128  # documents per shuffle block: the unit of work for workers
+    enabled: bool = field(default=True, metadata=ALWAYS)
+    # documents per shuffle block: the unit of work for workers
+    block_size: int = field(default=128, metadata=ALWAYS)
 
 
 @dataclass(frozen=True)
 class PackingSpec:
-    algorithm: str = "concat"
-    open_bins: int = 8  # best_fit only
-    flush_interval: int = 64  # rows between flush points; bounds replay on resume
+    algorithm: str = field(default="concat", metadata=ALWAYS)
+    open_bins: int = field(default=8, metadata=ALWAYS)  # best_fit only
+    # rows between flush points; bounds replay on resume
+    flush_interval: int = field(default=64, metadata=ALWAYS)
 
 
 @dataclass(frozen=True)
@@ -96,7 +131,7 @@ class TokenizerSpec:
 
     def non_default(self) -> dict[str, Any]:
         """Only the fields that were set: what enters the recipe digest (DESIGN §11)."""
-        return {k: v for k, v in asdict(self).items() if v not in ("", None)}
+        return identity_of(self)
 
 
 @dataclass(frozen=True)
@@ -116,7 +151,8 @@ class Recipe:
     A policy, not data identity: kept out of the digest so it may change on resume."""
 
     def data_identity(self) -> dict[str, Any]:
-        """Everything in the recipe that decides the data (execution knobs excluded).
+        """Everything in the recipe that decides the data (execution knobs excluded),
+        by the field rule of `identity_of`.
 
         Paths are recorded relative to the recipe folder so that moving the
         recipe together with its data keeps the identity.
@@ -124,16 +160,15 @@ class Recipe:
         base = os.path.dirname(self.path)
         sources = []
         for s in self.sources:
-            d = asdict(s)
-            del d["storage"]
+            d = identity_of(s)
             d["paths"] = [p if _is_url(p) else os.path.relpath(p, base) for p in s.paths]
             sources.append(d)
         identity = {
             "seed": self.seed,
             "lanes": self.lanes,
-            "mixture": asdict(self.mixture),
-            "shuffle": asdict(self.shuffle),
-            "packing": asdict(self.packing),
+            "mixture": identity_of(self.mixture),
+            "shuffle": identity_of(self.shuffle),
+            "packing": identity_of(self.packing),
             "sources": sources,
         }
         if self.tokenizer.non_default():  # absent when unset: old digests stay valid
@@ -151,10 +186,17 @@ class Recipe:
 class _Table:
     """A TOML table being consumed key by key; leftovers are unknown keys."""
 
-    def __init__(self, file: str, where: str, data: Any):
+    def __init__(self, file: str, where: str, data: Any, spec: type | None = None):
+        """`spec`: the dataclass the table fills; a key it has a default for is
+        optional with that default (defaults are written once, in the dataclass)."""
         if not isinstance(data, dict):
             raise RecipeError(f"{file}: [{where}] must be a table, got {type(data).__name__}")
         self.file, self.where, self.data = file, where, dict(data)
+        self.defaults = (
+            {f.name: _default(f) for f in fields(spec) if _default(f) is not MISSING}
+            if spec
+            else {}
+        )
         self.known: list[str] = []  # every key asked for, to list in finish()
 
     def _err(self, key: str, msg: str) -> RecipeError:
@@ -162,6 +204,8 @@ class _Table:
 
     def get(self, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
         self.known.append(key)
+        if default is ...:
+            default = self.defaults.get(key, ...)
         if key not in self.data:
             if default is ...:
                 raise self._err(key, "is required")
@@ -180,7 +224,7 @@ class _Table:
             raise self._err(key, f"expected {names}, got {value!r} ({type(value).__name__})")
         return value
 
-    def choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
+    def choice(self, key: str, choices: tuple[str, ...], default: Any = ...) -> str:
         value = self.get(key, str, default)
         if value not in choices:
             raise self._err(key, f"expected one of {', '.join(choices)}; got {value!r}")
@@ -267,7 +311,7 @@ def _guess_format(file: str, where: str, paths: tuple[str, ...]) -> str:
 def _parse_source(
     file: str, index: int, raw: Any, default_exhaust: str, storage_defaults: dict[str, Any]
 ) -> SourceSpec:
-    t = _Table(file, f"source[{index}]", raw)
+    t = _Table(file, f"source[{index}]", raw, SourceSpec)
     name = t.get("name", str)
     if not name:
         raise RecipeError(f"{file}: source[{index}].name: must not be empty")
@@ -282,13 +326,13 @@ def _parse_source(
     paths = _resolve_paths(file, t.where, t.get("path", (str, list)), fmt, storage)
     if fmt == "auto":
         fmt = _guess_format(file, t.where, paths)
-    text_field = t.get("text_field", str, "text")
-    token_field = t.get("token_field", str, "")
-    weight = t.get("weight", float, 1.0)
+    text_field = t.get("text_field", str)
+    token_field = t.get("token_field", str)
+    weight = t.get("weight", float)
     if not math.isfinite(weight) or weight <= 0:
         raise RecipeError(f"{file}: {t.where}.weight: expected a positive number, got {weight}")
     on_exhausted = t.choice("on_exhausted", EXHAUSTION, default_exhaust)
-    hf_builder = t.choice("hf_builder", HF_BUILDERS, "json")
+    hf_builder = t.choice("hf_builder", HF_BUILDERS)
     t.finish()
     return SourceSpec(
         name=name,
@@ -329,29 +373,27 @@ def parse_recipe(data: dict[str, Any], file: str) -> Recipe:
     bad_records = head.choice("bad_records", BAD_RECORDS, "error")
     head.finish()
 
-    m = _Table(file, "mixture", top.get("mixture", dict, {}))
+    m = _Table(file, "mixture", top.get("mixture", dict, {}), MixtureSpec)
     mixture = MixtureSpec(
-        unit=m.choice("unit", MIX_UNITS, "tokens"),
-        on_exhausted=m.choice("on_exhausted", EXHAUSTION, "repeat"),
+        unit=m.choice("unit", MIX_UNITS),
+        on_exhausted=m.choice("on_exhausted", EXHAUSTION),
     )
     m.finish()
 
-    s = _Table(file, "shuffle", top.get("shuffle", dict, {}))
-    shuffle = ShuffleSpec(
-        enabled=s.get("enabled", bool, True), block_size=s.positive_int("block_size", 128)
-    )
+    s = _Table(file, "shuffle", top.get("shuffle", dict, {}), ShuffleSpec)
+    shuffle = ShuffleSpec(enabled=s.get("enabled", bool), block_size=s.positive_int("block_size"))
     s.finish()
 
-    p = _Table(file, "packing", top.get("packing", dict, {}))
+    p = _Table(file, "packing", top.get("packing", dict, {}), PackingSpec)
     packing = PackingSpec(
-        algorithm=p.choice("algorithm", PACKERS, "concat"),
-        open_bins=p.positive_int("open_bins", 8),
-        flush_interval=p.positive_int("flush_interval", 64),
+        algorithm=p.choice("algorithm", PACKERS),
+        open_bins=p.positive_int("open_bins"),
+        flush_interval=p.positive_int("flush_interval"),
     )
     p.finish()
 
-    e = _Table(file, "execution", top.get("execution", dict, {}))
-    cache_dir = e.get("cache_dir", str, "")
+    e = _Table(file, "execution", top.get("execution", dict, {}), ExecutionSpec)
+    cache_dir = e.get("cache_dir", str)
     if cache_dir:  # relative to the recipe folder, like source paths
         base = os.path.dirname(os.path.abspath(file))
         cache_dir = os.path.normpath(os.path.join(base, os.path.expanduser(cache_dir)))
@@ -364,19 +406,19 @@ def parse_recipe(data: dict[str, Any], file: str) -> Recipe:
             stacklevel=2,
         )
     execution = ExecutionSpec(
-        workers=e.positive_int("workers", 2, minimum=0),
-        prefetch=e.positive_int("prefetch", 2, minimum=0),
-        lookahead_tokens=e.positive_int("lookahead_tokens", 0, minimum=0),
+        workers=e.positive_int("workers", minimum=0),
+        prefetch=e.positive_int("prefetch", minimum=0),
+        lookahead_tokens=e.positive_int("lookahead_tokens", minimum=0),
         cache_dir=cache_dir,
     )
     e.finish()
 
-    k = _Table(file, "tokenizer", top.get("tokenizer", dict, {}))
+    k = _Table(file, "tokenizer", top.get("tokenizer", dict, {}), TokenizerSpec)
     tokenizer = TokenizerSpec(
-        eos=k.get("eos", str, ""),
-        bos=k.get("bos", str, ""),
-        pad=k.get("pad", str, ""),
-        add_bos=k.get("add_bos", bool, None),
+        eos=k.get("eos", str),
+        bos=k.get("bos", str),
+        pad=k.get("pad", str),
+        add_bos=k.get("add_bos", bool),
     )
     k.finish()
 
