@@ -30,10 +30,10 @@ from zephon import (
     TokenizerInfo,
     ZephonError,
     ZephonLoader,
-    check_layout,
     load_recipe,
     load_tokenizer,
     merge_rank_states,
+    plan_layout,
 )
 from zephon.state import load_file
 
@@ -484,7 +484,7 @@ def test_huge_token_id_is_a_data_error(tmp_path: Path, tok: TokenizerInfo) -> No
 )
 def test_layout_errors_give_numbers_and_a_fix(args: tuple[int, ...], expected: list[str]) -> None:
     with pytest.raises(LayoutError) as info:
-        check_layout(*args)
+        plan_layout(*args)
     for part in expected:
         assert part in str(info.value), f"{part!r} not in {info.value}"
 

@@ -44,10 +44,10 @@ def check_validate(out: list[str], recipe: Path, tokenizer_path: str) -> None:
         f"tokenizer {tokenizer_path}  (vocab {tok.vocab_size}, eos {tok.eos_id}, pad {tok.pad_id})"
     )
     assert out[2] == (
-        "layout    lanes=8 dp=2 global_batch=16 rows/lane/step=2 local_batch=8 "
-        "micro_batch=4 grad_accum=2 seq_len=32"
+        "layout    lanes=8 dp=2 global_batch=16 rows/lane/step=2 rows/rank=8 "
+        "micro_batch=4 micro_steps=2 idle=0.0% seq_len=32"
     )
-    assert out[3:5] == ["  rank 0: lanes 0..3", "  rank 1: lanes 4..7"]
+    assert out[3:5] == ["  rank 0: lanes 0..3, 8 rows", "  rank 1: lanes 4..7, 8 rows"]
     assert out[5] == "mixture   unit=tokens"
     # block_size 16; 300 and 200 documents -> 19 and 13 blocks
     assert out[6] == (

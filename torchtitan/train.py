@@ -84,7 +84,7 @@ class Trainer:
         dims.check_model(self.model_args, t.seq_len)
         dp = dims.dp
         lanes = load_recipe(cfg.data.recipe).lanes if cfg.data.loader == "zephon" else None
-        check_startup(cfg, dp, lanes, self.model_args.max_seq_len)
+        self.layout = check_startup(cfg, dp, lanes, self.model_args.max_seq_len)
         if cfg.validation.enable:
             if not cfg.validation.recipe:
                 raise ConfigError("validation.enable = true needs validation.recipe")
@@ -248,6 +248,8 @@ class Trainer:
             f"{self.device.type}/{self.info.backend}, global batch {cfg.training.global_batch_size}"
             f" x {cfg.training.seq_len} tokens, micro-batch {cfg.training.local_batch_size}"
         )
+        if self.layout is not None:
+            logger.info(f"data layout {self.layout.describe()}")
         val_freq = cfg.validation.freq
         while self.step < steps:
             t0 = time.perf_counter()

@@ -8,7 +8,7 @@ data-parallel ranks, worker threads, prefetch depth or micro-batch size.
 from zephon.batch import IGNORE_INDEX, Batch
 from zephon.digest import global_batch_digest, rows_digest
 from zephon.errors import DataError, LayoutError, RecipeError, StateError, ZephonError
-from zephon.layout import check_layout, lanes_of_rank
+from zephon.layout import Layout, lanes_of_rank, plan_layout
 from zephon.loader import ZephonLoader
 from zephon.recipe import Recipe, load_recipe
 from zephon.state import merge_rank_states
@@ -18,6 +18,7 @@ __all__ = [
     "IGNORE_INDEX",
     "Batch",
     "DataError",
+    "Layout",
     "LayoutError",
     "Recipe",
     "RecipeError",
@@ -25,11 +26,11 @@ __all__ = [
     "TokenizerInfo",
     "ZephonError",
     "ZephonLoader",
-    "check_layout",
     "global_batch_digest",
     "lanes_of_rank",
     "load_recipe",
     "load_tokenizer",
     "merge_rank_states",
+    "plan_layout",
     "rows_digest",
 ]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from zephon.digest import global_batch_digest
 from zephon.errors import ZephonError
-from zephon.layout import check_layout, lanes_of_rank
+from zephon.layout import plan_layout
 from zephon.loader import ZephonLoader
 from zephon.recipe import Recipe, load_recipe
 from zephon.shuffle import SourcePlan
@@ -48,8 +48,7 @@ def _shape_args(p: argparse.ArgumentParser, dp: bool = True) -> None:
 def cmd_validate(a: argparse.Namespace) -> int:
     recipe = load_recipe(a.recipe)
     lanes = recipe.lanes
-    micro = a.micro_batch or a.global_batch // max(a.dp, 1)
-    check_layout(lanes, a.dp, a.global_batch, micro)
+    layout = plan_layout(lanes, a.dp, a.global_batch, a.micro_batch)
     tok = load_tokenizer(a.tokenizer, recipe.tokenizer, recipe.path)
     bos = f", bos {tok.bos_id} prepended" if tok.add_bos else ""
     print(
@@ -59,14 +58,13 @@ def cmd_validate(a: argparse.Namespace) -> int:
         f"tokenizer {a.tokenizer}  (vocab {tok.vocab_size}, eos {tok.eos_id}, pad {tok.pad_id}"
         f"{bos})"
     )
-    print(
-        f"layout    lanes={lanes} dp={a.dp} global_batch={a.global_batch} "
-        f"rows/lane/step={a.global_batch // lanes} local_batch={a.global_batch // a.dp} "
-        f"micro_batch={micro} grad_accum={a.global_batch // a.dp // micro} seq_len={a.seq_len}"
-    )
+    print(f"layout    {layout.describe()} seq_len={a.seq_len}")
     for r in range(a.dp):
-        ids = lanes_of_rank(lanes, a.dp, r)
-        print(f"  rank {r}: lanes {ids.start}..{ids.stop - 1}")
+        ids = layout.lanes_of(r)
+        print(
+            f"  rank {r}: lanes {ids.start}..{ids.stop - 1}, {layout.rows_of(r)} rows"
+            + (f" + {layout.padded_rows(r)} padding" if layout.padded_rows(r) else "")
+        )
     total_w = sum(s.weight for s in recipe.sources)
     print(f"mixture   unit={recipe.mixture.unit}")
     for s in recipe.sources:

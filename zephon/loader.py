@@ -21,7 +21,7 @@ from zephon.batch import Batch, rows_to_batch
 from zephon.digest import rows_digest
 from zephon.errors import LayoutError, StateError
 from zephon.lane import LaneStream, PipelineContext, initial_snapshot
-from zephon.layout import check_layout, lanes_of_rank
+from zephon.layout import plan_layout
 from zephon.recipe import Recipe, load_recipe
 from zephon.shuffle import SourcePlan
 from zephon.sources import SourceReader
@@ -69,15 +69,14 @@ class ZephonLoader:
         self.recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
         ex = self.recipe.execution
         lanes = self.recipe.lanes
-        micro = micro_batch_size or global_batch_size // dp_size
-        check_layout(lanes, dp_size, global_batch_size, micro)
+        self.layout = plan_layout(lanes, dp_size, global_batch_size, micro_batch_size)
         if seq_len < 1:
             raise ValueError(f"seq_len must be >= 1, got {seq_len}")
         self.tok = resolve_tokenizer(tokenizer, self.recipe)
         self.seq_len, self.global_batch_size = seq_len, global_batch_size
         self.dp_rank, self.dp_size = dp_rank, dp_size
-        self.rows_per_lane = global_batch_size // lanes
-        self.lane_ids = lanes_of_rank(lanes, dp_size, dp_rank)
+        self.rows_per_lane = self.layout.rows_per_lane
+        self.lane_ids = self.layout.lanes_of(dp_rank)
         self.num_workers = ex.workers if num_workers is None else num_workers
         self.prefetch = ex.prefetch if prefetch is None else prefetch
         cache = cache_dir or ex.cache_dir or None

@@ -15,13 +15,14 @@ from torchtitan.config.job_config import ConfigError, JobConfig
 from torchtitan.datasets.hf_baseline import HFBaselineLoader
 from zephon import (
     Batch,
+    Layout,
     LayoutError,
     StateError,
     ZephonLoader,
-    check_layout,
     global_batch_digest,
     load_recipe,
     merge_rank_states,
+    plan_layout,
 )
 from zephon.recipe import Recipe
 from zephon.state import check_fingerprint, check_header
@@ -171,8 +172,11 @@ def check_validation_ends(cfg: JobConfig, recipe: Recipe) -> None:
         )
 
 
-def check_startup(cfg: JobConfig, dp_size: int, lanes: int | None, max_seq_len: int) -> None:
-    """The startup validator: each failure is one message naming the numbers."""
+def check_startup(
+    cfg: JobConfig, dp_size: int, lanes: int | None, max_seq_len: int
+) -> Layout | None:
+    """The startup validator: each failure is one message naming the numbers.
+    Returns the Zephon layout (None for the hf loader)."""
     t = cfg.training
     if t.seq_len > max_seq_len:
         raise LayoutError(
@@ -181,17 +185,17 @@ def check_startup(cfg: JobConfig, dp_size: int, lanes: int | None, max_seq_len: 
         )
     if lanes is not None:
         try:
-            check_layout(lanes, dp_size, t.global_batch_size, t.local_batch_size)
+            return plan_layout(lanes, dp_size, t.global_batch_size, t.local_batch_size)
         except LayoutError as exc:
             raise LayoutError(
                 f"{exc} [training.global_batch_size={t.global_batch_size}, "
                 f"training.local_batch_size={t.local_batch_size}, data-parallel size={dp_size}, "
                 f"lanes={lanes} from {cfg.data.recipe}]"
             ) from None
-        return
     local, rem = divmod(t.global_batch_size, dp_size)
     if rem or local % t.local_batch_size:
         raise LayoutError(
             f"training.global_batch_size {t.global_batch_size} must split into {dp_size} ranks "
             f"x whole micro-batches of training.local_batch_size {t.local_batch_size}"
         )
+    return None
