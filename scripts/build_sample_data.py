@@ -52,6 +52,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from zephon.files import atomic_write
+
 FORMAT_VERSION = 1
 NUM_SHARDS = 4
 PARQUET_ROW_GROUP_SIZE = 256
@@ -386,9 +388,8 @@ def build(out: Path) -> dict:
         },
         "files": files,
     }
-    tmp = stage / (MANIFEST_NAME + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    os.replace(tmp, stage / MANIFEST_NAME)  # the manifest is the last thing written
+    # The manifest is the last thing written, whole or not at all.
+    atomic_write(str(stage / MANIFEST_NAME), json.dumps(manifest, indent=2) + "\n")
 
     # Swap into place: drop the old manifest first so a half-removed old build
     # is never taken for a complete one.

@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -34,22 +33,13 @@ from torchtitan.components import manifest
 from torchtitan.components.manifest import COMPLETE_FILE, LOADER_FILE, CheckpointError
 from torchtitan.config.job_config import Checkpoint as CheckpointConfig
 from torchtitan.distributed.utils import all_gather_objects
+from zephon.files import atomic_write
 
 logger = logging.getLogger("torchtitan")
 
 __all__ = ["COMPLETE_FILE", "LOADER_FILE", "CheckpointError", "CheckpointManager"]
 # Test hook: simulate a crash after the DCP files of step N and before the loader state.
 FAULT_ENV = "TORCHTITAN_FAULT_CRASH_BEFORE_LOADER_STATE"
-
-
-def write_atomic(path: str, text: str) -> None:
-    """Write via a temporary file and rename, so readers see all or nothing."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def complete_steps(folder: str) -> list[int]:
@@ -250,7 +240,7 @@ class CheckpointManager:
             logger.error(f"{FAULT_ENV}={step}: crashing after the model files, as asked")
             os._exit(17)
         if self.rank == 0:
-            write_atomic(os.path.join(path, LOADER_FILE), json.dumps(doc, indent=1, sort_keys=True))
+            atomic_write(os.path.join(path, LOADER_FILE), json.dumps(doc, indent=1, sort_keys=True))
         if self.rank == 0:
             mine = manifest.file_entries(path, manifest.files_of_rank(path, 0))
         entries: list[Any] = [None] * dist.get_world_size()
@@ -258,7 +248,7 @@ class CheckpointManager:
         if self.rank == 0:
             files = {k: v for part in entries for k, v in part.items()}
             marker = manifest.manifest_document(step, dist.get_world_size(), files)
-            write_atomic(os.path.join(path, COMPLETE_FILE), json.dumps(marker, indent=1))
+            atomic_write(os.path.join(path, COMPLETE_FILE), json.dumps(marker, indent=1))
             self._purge()
         dist.barrier()
 

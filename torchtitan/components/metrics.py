@@ -13,6 +13,7 @@ from typing import Any, TextIO
 import torch
 
 from torchtitan.config.job_config import MetricsConfig
+from zephon.files import atomic_write
 
 logger = logging.getLogger("torchtitan")
 
@@ -117,10 +118,7 @@ def drop_records_after(path: str, step: int) -> int:
         if not later:
             keep.append(line)
     if len(keep) != len(lines):
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(keep)
-        os.replace(tmp, path)
+        atomic_write(path, "".join(keep))
     return len(lines) - len(keep)
 
 

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from torchtitan.components.manifest import CheckpointError
+from zephon.files import atomic_write
 
 logger = logging.getLogger("torchtitan")
 
@@ -118,10 +119,7 @@ class DumpLock:
         """Refresh the lease (cheap; called from the monitor thread)."""
         if not self.held or time.time() - self._renewed < LEASE_S / 6:
             return
-        tmp = f"{self.path}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(self._doc())
-        os.replace(tmp, self.path)
+        atomic_write(self.path, self._doc())
         self._renewed = time.time()
 
     def release(self) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 from torchtitan.components.manifest import CheckpointError
 from torchtitan.config.job_config import ConfigError
 from zephon.errors import DataError, ZephonError
+from zephon.files import atomic_write
 
 ERROR_DIR_ENV = "TORCHTITAN_ERROR_DIR"
 USER_ERRORS: tuple[type[BaseException], ...] = (ZephonError, ConfigError, CheckpointError)
@@ -59,10 +60,7 @@ def write_record(rec: dict[str, Any], name: str | None = None) -> bool:
     if not folder or not os.path.isdir(folder):
         return False
     path = os.path.join(folder, name or f"rank-{rec['rank']}.json")
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(rec, f)
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(rec))
     return True
 
 

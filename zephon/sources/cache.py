@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from filelock import FileLock, Timeout
 
@@ -38,28 +37,6 @@ def cache_key(*identity: object) -> str:
     """A short, stable file name for an entry derived from `identity`."""
     raw = "|".join(str(p) for p in (INDEX_VERSION, *identity))
     return hashlib.sha256(raw.encode()).hexdigest()[:32]
-
-
-def atomic_write(dest: str, write: Callable[[Any], None]) -> None:
-    """Write through a temporary file so a crash never leaves a half cache entry."""
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dest), prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, dest)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def temp_path(dest: str) -> str:
-    """A fresh temporary name beside `dest` (for writers that want a path, not a file)."""
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dest), prefix=".tmp-")
-    os.close(fd)
-    return tmp
 
 
 def build_once(

@@ -24,7 +24,6 @@ raises on truncation and verifies every member's CRC.
 from __future__ import annotations
 
 import gzip
-import os
 import struct
 import threading
 import zlib
@@ -34,7 +33,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from zephon.errors import DataError
-from zephon.sources.cache import temp_path
+from zephon.files import atomic_path
 from zephon.sources.storage import ByteObject
 
 SPACING = 1 << 20  # decompressed bytes between seek points
@@ -117,13 +116,8 @@ def scan(obj: ByteObject, seek_points_dest: str) -> Iterator[bytes]:
                 # Completes the seek points the read left (cheap: the data is decoded,
                 # but a file shorter than SPACING may have none yet).
                 f.build_full_index()
-                tmp = temp_path(seek_points_dest)
-                try:
+                with atomic_path(seek_points_dest) as tmp:
                     f.export_index(tmp)
-                    os.replace(tmp, seek_points_dest)
-                finally:
-                    if os.path.exists(tmp):
-                        os.unlink(tmp)
             finally:
                 f.close()
     except DataError:

@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 
 from zephon.errors import DataError
+from zephon.files import atomic_file
 from zephon.recipe import SourceSpec
-from zephon.sources.cache import atomic_write, build_once, cache_key
+from zephon.sources.cache import build_once, cache_key
 from zephon.sources.gzipped import GzipRandomAccess
 from zephon.sources.gzipped import scan as gzip_scan
 from zephon.sources.storage import ByteObject
@@ -87,13 +88,11 @@ def scan_lines(chunks: Iterator[bytes], out: Any) -> int:
 def _write_npy(dest: str, raw_path: str, count: int) -> None:
     """An (count, 2) int64 .npy at dest from a file of raw rows, copied in chunks."""
 
-    def write(f: Any) -> None:
+    with atomic_file(dest) as f:
         header = {"descr": "<i8", "fortran_order": False, "shape": (count, 2)}
         np.lib.format.write_array_header_1_0(f, header)
         with open(raw_path, "rb") as src:
             shutil.copyfileobj(src, f, 1 << 20)
-
-    atomic_write(dest, write)
 
 
 def build_indexes(objs: list[ByteObject], cache_dir: str) -> None:

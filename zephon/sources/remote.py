@@ -25,7 +25,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from zephon.errors import DataError
-from zephon.sources.cache import atomic_write, cache_key, default_cache_dir
+from zephon.files import atomic_write
+from zephon.sources.cache import cache_key, default_cache_dir
 
 T = TypeVar("T")
 
@@ -155,7 +156,7 @@ class RemoteObject:
         except FileNotFoundError:
             pass
         data = self.fetch(k * CHUNK, min((k + 1) * CHUNK, self.size))
-        atomic_write(path, lambda f: f.write(data))
+        atomic_write(path, data)
         self._evict()
         return data
 
