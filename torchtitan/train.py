@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from torchtitan.components.checkpoint import (
+from torchtitan.components.checkpoint.manager import (
     CheckpointManager,
     read_loader_state,
     resume_step,

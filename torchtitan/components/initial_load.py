@@ -27,7 +27,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from torchtitan.components.checkpoint import COMPLETE_FILE, CheckpointError, complete_steps
+from torchtitan.components.checkpoint import COMPLETE_FILE, CheckpointError
+from torchtitan.components.checkpoint.manager import complete_steps
 from torchtitan.config.job_config import ConfigError, JobConfig
 from torchtitan.models.llama3.args import ModelArgs, get_model_args
 from torchtitan.models.llama3.hf import (
