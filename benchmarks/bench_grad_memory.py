@@ -4,7 +4,7 @@ micro-batch (the default) versus `parallelism.defer_grad_sync = true`.
     .venv/bin/python benchmarks/bench_grad_memory.py [--micro-batches 4]
 
 Two CPU processes (gloo) shard a scaled-down Llama 3 shape with the trainer's
-own `parallelize_model`, then accumulate gradients over micro-batches exactly
+own `parallelize_llama`, then accumulate gradients over micro-batches exactly
 as the trainer does. After every backward each rank counts the bytes of the
 gradients it holds: its sharded `.grad` shards plus FSDP's unsharded gradient
 buffers (`unsharded_accumulated_grad` and the unsharded parameters' `.grad`),
@@ -67,15 +67,16 @@ def worker(mode: str, micro_batches: int, out: str) -> None:
     from torchtitan.components.loss import cross_entropy_sum
     from torchtitan.config.job_config import Parallelism, Training
     from torchtitan.distributed.mesh import ParallelDims, ParallelMesh
-    from torchtitan.distributed.parallelize import parallelize_model
     from torchtitan.models.llama3.args import ModelArgs
-    from torchtitan.models.llama3.model import Transformer, count_parameters
+    from torchtitan.models.llama3.model import Transformer
+    from torchtitan.models.llama3.parallelize import parallelize_llama
+    from torchtitan.models.spec import count_parameters
 
     dist.init_process_group("gloo")
     mesh = ParallelMesh(ParallelDims.from_config(Parallelism(), dist.get_world_size()), "cpu")
     with torch.device("meta"):
         model = Transformer(ModelArgs(**SHAPE))
-    parallelize_model(model, mesh, Training(mixed_precision_param="float32"))
+    parallelize_llama(model, mesh, Training(mixed_precision_param="float32"))
     model.to_empty(device="cpu")
     model.init_weights(torch.Generator().manual_seed(0))
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -20,16 +20,15 @@ import sys
 import torch
 
 from torchtitan.components.checkpoint import CheckpointError
+from torchtitan.components.hf_folder import HFCheckpointError, write_hf_folder
 from torchtitan.components.initial_load import read_step_model
 from torchtitan.models.llama3.args import get_model_args
-from torchtitan.models.llama3.hf import (
-    HFCheckpointError,
+from torchtitan.models.llama3.model import Transformer
+from torchtitan.models.llama3.state_dict_adapter import (
     config_from_model_args,
     model_args_from_config,
     to_hf_state,
-    write_hf_folder,
 )
-from torchtitan.models.llama3.model import Transformer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -16,9 +16,9 @@ import torch.distributed as dist
 from torchtitan.components.initial_load import initial_model_args, load_initial
 from torchtitan.config.job_config import load_job_config
 from torchtitan.distributed.mesh import ParallelDims, ParallelMesh
-from torchtitan.distributed.parallelize import parallelize_model
 from torchtitan.distributed.utils import init_distributed
 from torchtitan.models.llama3.model import Transformer
+from torchtitan.models.llama3.parallelize import parallelize_llama
 
 
 def main() -> None:
@@ -30,7 +30,7 @@ def main() -> None:
     with torch.device("meta"):
         model = Transformer(args)
     mesh = ParallelMesh(ParallelDims.from_config(cfg.parallelism, info.world_size), "cpu")
-    parallelize_model(model, mesh, replace(cfg.training, mixed_precision_param="float32"))
+    parallelize_llama(model, mesh, replace(cfg.training, mixed_precision_param="float32"))
     model.to_empty(device="cpu")
     model.init_weights(torch.Generator().manual_seed(0))
     nbytes = load_initial(cfg, model, None, args)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchtitan.components.flops import flops_per_token, model_flops_utilisation
+from torchtitan.components.flops import model_flops_utilisation
 from torchtitan.models.llama3.args import get_model_args
+from torchtitan.models.llama3.flops import flops_per_token
 from torchtitan.models.llama3.model import RMSNorm, Transformer
 
 
@@ -26,5 +27,5 @@ def test_flops_per_token_counts_every_matmul_parameter(flavor):
 
 
 def test_mfu_is_only_reported_on_gpus():
-    args = get_model_args("debugmodel")
-    assert model_flops_utilisation(args, 256, 8192, 0.5, 2, torch.device("cpu")) is None
+    flops = flops_per_token(get_model_args("debugmodel"), 256)
+    assert model_flops_utilisation(flops, 8192, 0.5, 2, torch.device("cpu")) is None

@@ -22,17 +22,16 @@ transformers = pytest.importorskip("transformers")
 
 from train_helpers import REPO, ensure_sample_data, ok, torchrun  # noqa: E402
 
+from torchtitan.components.hf_folder import HFCheckpointError, write_hf_folder  # noqa: E402
 from torchtitan.components.initial_load import initial_model_args, load_initial  # noqa: E402
 from torchtitan.config.job_config import load_job_config  # noqa: E402
-from torchtitan.models.llama3.hf import (  # noqa: E402
-    HFCheckpointError,
+from torchtitan.models.llama3.model import Transformer  # noqa: E402
+from torchtitan.models.llama3.state_dict_adapter import (  # noqa: E402
     config_from_model_args,
     load_hf_weights,
     model_args_from_config,
     to_hf_state,
-    write_hf_folder,
 )
-from torchtitan.models.llama3.model import Transformer  # noqa: E402
 
 TOL = 1e-4  # float32, logits of order 1
 VOCAB = 8192  # the committed tokenizer's

@@ -5,12 +5,9 @@ import torch
 
 from torchtitan.components.loss import cross_entropy_sum
 from torchtitan.models.llama3.args import LLAMA3_FLAVORS, ModelArgs, get_model_args
-from torchtitan.models.llama3.model import (
-    Transformer,
-    apply_activation_checkpointing,
-    count_parameters,
-    document_causal_mask,
-)
+from torchtitan.models.llama3.model import Transformer, document_causal_mask
+from torchtitan.models.llama3.parallelize import apply_activation_checkpointing
+from torchtitan.models.spec import count_parameters
 
 VOCAB = 256
 

@@ -7,6 +7,7 @@ import pytest
 from torchtitan.config.job_config import ConfigError, Parallelism, load_job_config
 from torchtitan.distributed.mesh import ParallelDims
 from torchtitan.models.llama3.args import get_model_args
+from torchtitan.models.llama3.parallelize import check_parallelism
 
 
 def dims(world: int, rep: int = 1, shard: int = -1, tp: int = 1) -> ParallelDims:
@@ -35,14 +36,14 @@ def test_rest_must_be_whole():
 
 def test_tensor_parallel_checks_the_model_shape():
     args = get_model_args("debugmodel")  # 4 heads, 2 kv heads
-    dims(8, tp=2).check_model(args, seq_len=64)
+    check_parallelism(args, dims(8, tp=2), seq_len=64)
     with pytest.raises(ConfigError) as exc:
-        dims(4, tp=4).check_model(args, seq_len=66)
+        check_parallelism(args, dims(4, tp=4), seq_len=66)
     msg = str(exc.value)
     assert "n_kv_heads 2 is not divisible" in msg and "seq_len 66" in msg
     assert "n_heads 4" not in msg
     with pytest.raises(ConfigError, match="ties its output projection"):
-        dims(2, tp=2).check_model(get_model_args("1B"), seq_len=2048)
+        check_parallelism(get_model_args("1B"), dims(2, tp=2), seq_len=2048)
 
 
 def test_degrees_are_range_checked():

@@ -19,8 +19,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from zephon_helpers import close, make_ranks
 
-from torchtitan.components import manifest
-from torchtitan.components.manifest import CheckpointError
+from torchtitan.components.checkpoint import CheckpointError, manifest
 from torchtitan.components.metrics import drop_records_after
 from torchtitan.config.job_config import ConfigError, load_job_config
 from torchtitan.datasets.dataloader import check_validation_ends
@@ -106,7 +105,7 @@ def test_verify_command(tmp_path):
     _write_step(tmp_path, 2)
     _damage(_write_step(tmp_path, 4), "truncated")
     (tmp_path / "step-6").mkdir()  # a save that never finished
-    cmd = [sys.executable, "-m", "torchtitan.checkpoint", "verify", str(tmp_path)]
+    cmd = [sys.executable, "-m", "torchtitan.components.checkpoint", "verify", str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()

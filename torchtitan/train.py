@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from torchtitan.components.checkpoint import (
+from torchtitan.components.checkpoint.manager import (
     CheckpointManager,
     read_loader_state,
     resume_step,
@@ -38,14 +38,14 @@ from torchtitan.components.metrics import (
 from torchtitan.components.optimizer import build_optimizer
 from torchtitan.components.source_metrics import global_source_counts
 from torchtitan.config.job_config import ConfigError, JobConfig, load_job_config
-from torchtitan.datasets.dataloader import TrainDataLoader, check_startup, check_validation_ends
+from torchtitan.datasets.dataloader import TrainDataLoader, check_data_startup
 from torchtitan.distributed.device_io import to_device
 from torchtitan.distributed.mesh import ParallelDims, ParallelMesh
-from torchtitan.distributed.parallelize import parallelize_model
 from torchtitan.distributed.utils import DistInfo, exit_process, init_distributed
-from torchtitan.models.llama3.model import Transformer, count_parameters
+from torchtitan.models import get_model_spec
+from torchtitan.models.spec import count_parameters
 from torchtitan.runtime.guard import JobGuard, fail_before_start, set_phase
-from zephon import load_recipe, load_tokenizer
+from zephon import load_tokenizer
 
 logger = logging.getLogger("torchtitan")
 
@@ -77,20 +77,14 @@ class Trainer:
         torch.manual_seed(t.seed)
 
         tok = load_tokenizer(cfg.data.tokenizer)
+        self.spec = get_model_spec(cfg.model.name)
         self.model_args = replace(
             initial_model_args(cfg, tok.vocab_size),
             attention_impl=_attention_impl(cfg.model.attention_impl, self.device),
         )
-        dims.check_model(self.model_args, t.seq_len)
+        self.spec.check_parallelism(self.model_args, dims, t.seq_len)
         dp = dims.dp
-        lanes = load_recipe(cfg.data.recipe).lanes if cfg.data.loader == "zephon" else None
-        self.layout = check_startup(cfg, dp, lanes, self.model_args.max_seq_len)
-        if cfg.validation.enable:
-            if not cfg.validation.recipe:
-                raise ConfigError("validation.enable = true needs validation.recipe")
-            val_recipe = load_recipe(cfg.validation.recipe)
-            check_startup(cfg, dp, val_recipe.lanes, 1 << 30)
-            check_validation_ends(cfg, val_recipe)
+        self.layout = check_data_startup(cfg, dp, self.model_args.max_seq_len)
         self.mesh = ParallelMesh(dims, self.device.type)
         self.data = self._loader()
 
@@ -135,23 +129,24 @@ class Trainer:
     def _loader(self, recipe: str | None = None) -> TrainDataLoader:
         """This rank's loader at its data-parallel coordinate (TP peers share one)."""
         m = self.mesh
-        return TrainDataLoader(
+        return TrainDataLoader.from_config(
             self.cfg, m.dp_rank, m.dp_size, recipe, for_validation=recipe is not None,
             dp_group=m.dp_group, tp_group=m.tp_group, device=self.device,
         )  # fmt: skip
 
     def _build_model(self) -> torch.nn.Module:
+        spec = self.spec
         with torch.device("meta"):
-            model = Transformer(self.model_args)
+            model = spec.build(self.model_args)
         logger.info(
-            f"model llama3/{self.cfg.model.flavor}: {count_parameters(model):,} parameters, "
-            f"attention {self.model_args.attention}"
+            f"model {spec.name}/{self.cfg.model.flavor}: {count_parameters(model):,} parameters, "
+            f"{spec.describe(self.model_args)}"
         )
         training = self.cfg.training
         if self.device.type == "cpu" and training.mixed_precision_param == "bfloat16":
             logger.info("CPU run: computing in float32 (bfloat16 matmuls are slow on CPU)")
             training = replace(training, mixed_precision_param="float32")
-        parallelize_model(model, self.mesh, training)
+        spec.parallelize(model, self.mesh, training)
         model.to_empty(device=self.device)
         # Initialise from the seed on the CPU generator, full tensor by full tensor,
         # so the weights are the same for every data-parallel size.
@@ -295,17 +290,16 @@ class Trainer:
         Reading them syncs with the device, so the step time is the real one."""
         cfg = self.cfg
         loss, norm = self._global_loss(loss_sum, n_valid), float(_full(grad_norm).item())
-        names = [s.name for s in self.data.loader.recipe.sources]
-        sources = global_source_counts(batch, names, self.device, self.mesh.dp_group)
+        sources = global_source_counts(
+            batch, self.data.source_names, self.device, self.mesh.dp_group
+        )
         dropped = self.data.bad_records_dropped()
         step_time = time.perf_counter() - t0
         if self.metrics is None:
             return
         tokens = cfg.training.global_batch_size * cfg.training.seq_len
-        mfu = model_flops_utilisation(
-            self.model_args, cfg.training.seq_len, tokens, step_time, self.info.world_size,
-            self.device,
-        )  # fmt: skip
+        flops = self.spec.flops_per_token(self.model_args, cfg.training.seq_len)
+        mfu = model_flops_utilisation(flops, tokens, step_time, self.info.world_size, self.device)
         self.metrics.log(
             StepMetrics(
                 step=self.step,

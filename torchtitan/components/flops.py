@@ -1,10 +1,9 @@
-"""Model FLOPs per token and model FLOPs utilisation (MFU) on GPUs."""
+"""Model FLOPs utilisation (MFU) on GPUs: a model's FLOPs per token (from its spec)
+against the devices' dense bf16 peak."""
 
 from __future__ import annotations
 
 import torch
-
-from torchtitan.models.llama3.args import ModelArgs
 
 # Dense bf16 peak per device (no sparsity), from the vendors' data sheets.
 _PEAK_BF16_FLOPS = {
@@ -15,18 +14,6 @@ _PEAK_BF16_FLOPS = {
     "L40S": 362e12,
     "A10G": 125e12,
 }
-
-
-def flops_per_token(args: ModelArgs, seq_len: int) -> float:
-    """Training FLOPs per token: 6 x the matmul parameters (forward + backward)
-    plus attention scores, 12 x layers x dim x seq_len (as upstream; the causal
-    half is not discounted). Embedding lookups are free; the output projection
-    counts (tied or not)."""
-    h = args.dim
-    kv = args.kv_heads * args.head_dim
-    per_layer = h * h * 2 + h * kv * 2 + 3 * h * args.ffn_hidden_dim
-    matmul_params = args.n_layers * per_layer + h * args.vocab_size
-    return 6 * matmul_params + 12 * args.n_layers * h * seq_len
 
 
 def peak_flops(device: torch.device) -> float | None:
@@ -42,15 +29,15 @@ def peak_flops(device: torch.device) -> float | None:
 
 
 def model_flops_utilisation(
-    args: ModelArgs,
-    seq_len: int,
+    flops_per_token: float,
     tokens: int,
     step_time_s: float,
     world_size: int,
     device: torch.device,
 ) -> float | None:
-    """Share of the devices' peak spent on model FLOPs in one step (CUDA only)."""
+    """Share of the devices' peak spent on model FLOPs in one step (CUDA only);
+    `flops_per_token` is the model's training FLOPs per token."""
     peak = peak_flops(device)
     if peak is None or step_time_s <= 0:
         return None
-    return tokens * flops_per_token(args, seq_len) / (step_time_s * world_size * peak)
+    return tokens * flops_per_token / (step_time_s * world_size * peak)

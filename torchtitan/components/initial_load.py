@@ -1,8 +1,9 @@
 """`checkpoint.initial_load_path`: start a run from weights made elsewhere.
 
 Two kinds of source:
-- a Hugging Face Llama folder (config.json + model.safetensors, or shards with
-  model.safetensors.index.json): every rank reads only its parameter shards;
+- a Hugging Face folder of the `[model]` (config.json + model.safetensors, or
+  shards with model.safetensors.index.json): every rank reads only its
+  parameter shards, named and laid out by the model's state-dict adapter;
 - a step folder of this trainer (DCP; any saved world size): model weights,
   and the optimizer state with `checkpoint.initial_load_optimizer`, so a new
   data phase (another recipe, an annealing mix) continues a trained model.
@@ -27,16 +28,17 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from torchtitan.components.checkpoint import COMPLETE_FILE, CheckpointError, complete_steps
-from torchtitan.config.job_config import ConfigError, JobConfig
-from torchtitan.models.llama3.args import ModelArgs, get_model_args
-from torchtitan.models.llama3.hf import (
+from torchtitan.components.checkpoint import COMPLETE_FILE, CheckpointError
+from torchtitan.components.checkpoint.manager import complete_steps
+from torchtitan.components.hf_folder import (
     CONFIG_FILE,
     HFCheckpointError,
     is_hf_folder,
-    load_hf_weights,
-    model_args_from_config,
+    load_hf_folder,
+    read_config,
 )
+from torchtitan.config.job_config import ConfigError, JobConfig
+from torchtitan.models import get_model_spec
 
 logger = logging.getLogger("torchtitan")
 
@@ -57,8 +59,9 @@ def _hf_config_folder(cfg: JobConfig) -> str:
     return folder
 
 
-def initial_model_args(cfg: JobConfig, tokenizer_vocab: int) -> ModelArgs:
-    """The model shape: a named flavor sized to the tokenizer, or a Hugging Face config."""
+def initial_model_args(cfg: JobConfig, tokenizer_vocab: int) -> Any:
+    """The `[model]` args: a named flavor sized to the tokenizer, or a Hugging Face config."""
+    spec = get_model_spec(cfg.model.name)
     path = cfg.checkpoint.initial_load_path
     if cfg.model.flavor != "hf":
         if path and is_hf_folder(path):
@@ -67,14 +70,15 @@ def initial_model_args(cfg: JobConfig, tokenizer_vocab: int) -> ModelArgs:
                 'model.flavor = "hf" to take the model shape from its config.json'
             )
         try:
-            return get_model_args(
+            return spec.model_args(
                 cfg.model.flavor, vocab_size=tokenizer_vocab, attention=cfg.model.attention
             )
         except ValueError as exc:
             raise ConfigError(f"model.flavor: {exc}, or 'hf' (shape from a config.json)") from None
     folder = _hf_config_folder(cfg)
     try:
-        args = model_args_from_config(folder, attention=cfg.model.attention)
+        file = os.path.join(folder, CONFIG_FILE)
+        args = spec.args_from_hf_config(read_config(folder), file, attention=cfg.model.attention)
     except HFCheckpointError as exc:
         raise ConfigError(str(exc)) from None
     if tokenizer_vocab > args.vocab_size:
@@ -105,7 +109,7 @@ def resolve_step_folder(path: str) -> str:
     )
 
 
-def load_initial(cfg: JobConfig, model: torch.nn.Module, optimizer: Any, args: ModelArgs) -> None:
+def load_initial(cfg: JobConfig, model: torch.nn.Module, optimizer: Any, args: Any) -> int | None:
     """Load `checkpoint.initial_load_path` into the (sharded) model, and optionally
     the optimizer. Collective when distributed: every rank calls it."""
     path = cfg.checkpoint.initial_load_path
@@ -118,7 +122,8 @@ def load_initial(cfg: JobConfig, model: torch.nn.Module, optimizer: Any, args: M
                 "state; it needs a step folder of this trainer"
             )
         try:
-            nbytes = load_hf_weights(model, args, path)
+            adapter = get_model_spec(cfg.model.name).state_dict_adapter(args)
+            nbytes = load_hf_folder(model, adapter, path)
         except HFCheckpointError as exc:
             raise CheckpointError(str(exc)) from None
         logger.info(

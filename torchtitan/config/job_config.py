@@ -22,6 +22,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from torchtitan.models import MODEL_NAMES
+
 
 class ConfigError(ValueError):
     """The job configuration (TOML file or command line) is invalid."""
@@ -42,7 +44,8 @@ class Job:
 
 @dataclass
 class Model:
-    name: Literal["llama3"] = "llama3"
+    name: str = "llama3"
+    """The model, a key of the registry in torchtitan/models/__init__.py."""
     flavor: str = "debugmodel"
     """Key of ``LLAMA3_FLAVORS`` (debugmodel, 1B, 8B), or "hf": the shape of a
     Hugging Face config.json (``hf_config``, else ``checkpoint.initial_load_path``)."""
@@ -407,6 +410,8 @@ def _check_ranges(cfg: JobConfig, provenance: dict[tuple[str, str], str]) -> Non
         ("data", "num_workers", lambda v: v >= -1, "-1 or an integer >= 0"),
         ("data", "prefetch", lambda v: v >= -1, "-1 or an integer >= 0"),
     ]
+    known_models = ", ".join(repr(n) for n in MODEL_NAMES)
+    rules.append(("model", "name", lambda v: v in MODEL_NAMES, f"one of {known_models}"))
     for section, name, ok, expected in rules:
         value = getattr(getattr(cfg, section), name)
         if not ok(value):

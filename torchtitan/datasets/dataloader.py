@@ -1,41 +1,58 @@
-"""The trainer's data side: build the `[data]` loader, gather its checkpoint
-state and the global batch digest across the data-parallel ranks, and restore
-it on resume. Collectives run over the data-parallel group (one per
-tensor-parallel coordinate), never the world: tensor-parallel peers hold the
-same batch and would otherwise be counted twice."""
+"""The trainer's data glue: build this rank's loader from `[data]` and run the
+collectives around it: the global batch digest, the checkpoint state of all
+ranks, the dropped-records count. It speaks only the loader contract
+(`contract.RankLoader`), so it never asks which loader kind runs.
+
+Collectives run over the data-parallel group (one per tensor-parallel
+coordinate), never the world: tensor-parallel peers hold the same batch and
+would otherwise be counted twice."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from torchtitan.config.job_config import ConfigError, JobConfig
-from torchtitan.datasets.hf_baseline import HFBaselineLoader
-from zephon import (
-    Batch,
-    Layout,
-    LayoutError,
-    StateError,
-    ZephonLoader,
-    global_batch_digest,
-    load_recipe,
-    merge_rank_states,
-    plan_layout,
-)
+from torchtitan.datasets.contract import RankLoader, TrainBatch
+from torchtitan.datasets.hf_adapter import HFBaselineAdapter
+from torchtitan.datasets.zephon_adapter import ZephonAdapter
+from zephon import Layout, LayoutError, global_batch_digest, load_recipe, plan_layout
 from zephon.recipe import Recipe
-from zephon.state import check_fingerprint, check_header
 
-HF_STATE_FORMAT = "hf_baseline.rank_states"
+DIGEST_BYTES = 32
+
+# `data.loader` -> the adapter that implements the contract for it.
+LOADERS: dict[str, Callable[[JobConfig, Recipe, int, int], RankLoader]] = {
+    "zephon": ZephonAdapter,
+    "hf": HFBaselineAdapter,
+}
 
 
 class TrainDataLoader:
-    """One rank's loader (Zephon or the conventional hf baseline) plus the
-    collective operations the trainer needs around it."""
+    """One rank's loader plus the collective operations the trainer needs around it."""
 
     def __init__(
         self,
+        loader: RankLoader,
+        dp_size: int,
+        dp_group: dist.ProcessGroup | None = None,
+        tp_group: dist.ProcessGroup | None = None,
+        device: torch.device | None = None,
+    ):
+        """`dp_group`: the data-parallel ranks (None = the world); `tp_group`: this
+        rank's tensor-parallel peers, whose batches must agree; `device`: where the
+        collectives run (a CUDA device under NCCL)."""
+        self.loader = loader
+        self.dp_size = dp_size
+        self.dp_group, self.tp_group = dp_group, tp_group
+        self.device = device or torch.device("cpu")
+
+    @classmethod
+    def from_config(
+        cls,
         cfg: JobConfig,
         dp_rank: int,
         dp_size: int,
@@ -44,74 +61,46 @@ class TrainDataLoader:
         dp_group: dist.ProcessGroup | None = None,
         tp_group: dist.ProcessGroup | None = None,
         device: torch.device | None = None,
-    ):
-        """`dp_group`: the data-parallel ranks (None = the world); `tp_group`: this
-        rank's tensor-parallel peers, whose batches must agree; `device`: where the
-        digest collective runs (a CUDA device under NCCL)."""
-        self.dp_group, self.tp_group = dp_group, tp_group
-        self.dp_size = dp_size
-        self.device = device or torch.device("cpu")
-        self.kind = "zephon" if for_validation else cfg.data.loader
+    ) -> TrainDataLoader:
+        """The `[data]` loader at data-parallel coordinate `dp_rank` of `dp_size`;
+        validation always reads with Zephon (the same batches at any size)."""
+        kind = "zephon" if for_validation else cfg.data.loader
         recipe = load_recipe(recipe_path or cfg.data.recipe)
-        t = cfg.training
-        workers = None if cfg.data.num_workers < 0 else cfg.data.num_workers
-        if self.kind == "zephon":
-            self.loader: ZephonLoader | HFBaselineLoader = ZephonLoader(
-                recipe,
-                cfg.data.tokenizer,
-                t.seq_len,
-                t.global_batch_size,
-                t.local_batch_size,
-                dp_rank,
-                dp_size,
-                num_workers=workers,
-                prefetch=None if cfg.data.prefetch < 0 else cfg.data.prefetch,
-            )
-        else:
-            self.loader = HFBaselineLoader(
-                recipe,
-                cfg.data.tokenizer,
-                t.seq_len,
-                t.global_batch_size,
-                dp_rank,
-                dp_size,
-                num_workers=0 if workers is None else workers,
-            )
-        self.resume_mode = cfg.data.hf_resume
+        loader = LOADERS[kind](cfg, recipe, dp_rank, dp_size)
+        return cls(loader, dp_size, dp_group, tp_group, device)
 
-    def next_batch(self) -> Batch | None:
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        return self.loader.source_names
+
+    def next_batch(self) -> TrainBatch | None:
         """This rank's batch, or None when the data ended on this rank."""
-        try:
-            return self.loader.next_batch()
-        except StopIteration:
-            return None
+        return self.loader.next_batch()
 
-    def global_digest(self, batch: Batch) -> str:
+    def global_digest(self, batch: TrainBatch) -> str:
         """Collective: SHA-256 of the global batch in canonical order.
 
-        Every rank contributes the same number of 32-byte unit digests (its lanes,
-        or rows for the hf loader), so one fixed-size uint8 all-gather in rank
-        order yields them in canonical order. Tensor-parallel peers must hold
-        byte-identical batches; that is checked here too."""
-        local = torch.frombuffer(bytearray(b"".join(batch.digests)), dtype=torch.uint8)
-        local = local.view(-1, 32).to(self.device)
+        Each rank contributes its own number of 32-byte unit digests (its lanes,
+        or rows for the hf loader); gathered in rank order they are in canonical
+        order. Tensor-parallel peers must hold byte-identical batches; that is
+        checked here too."""
         if self.tp_group is not None:
-            peers = _all_gather(local, self.tp_group)
-            if not bool((peers == local.unsqueeze(0)).all()):
+            peers = gather_digests(batch.digests, self.tp_group, self.device)
+            if any(p != list(batch.digests) for p in peers):
                 raise RuntimeError(
                     f"tensor-parallel peers received different batches at step {batch.step}: "
                     "their data-parallel coordinates disagree"
                 )
-        parts = _all_gather(local, self.dp_group).cpu().reshape(-1, 32).numpy()
-        return global_batch_digest([row.tobytes() for row in parts])
+        parts = gather_digests(batch.digests, self.dp_group, self.device)
+        return global_batch_digest([d for part in parts for d in part])
 
     def bad_records_dropped(self) -> int | None:
-        """Collective when the recipe drops bad records: how many all ranks
-        dropped so far; None (no collective) under the default policy."""
-        if self.kind != "zephon" or self.loader.recipe.bad_records != "drop":
+        """Collective when the loader drops bad records: how many all ranks dropped
+        so far; None (no collective) when it does not."""
+        mine = self.loader.dropped_records()
+        if mine is None:
             return None
-        assert isinstance(self.loader, ZephonLoader)
-        n = torch.tensor([self.loader.dropped_records()], dtype=torch.int64, device=self.device)
+        n = torch.tensor([mine], dtype=torch.int64, device=self.device)
         dist.all_reduce(n, group=self.dp_group)  # TP peers hold the same lanes: not counted
         return int(n.item())
 
@@ -120,35 +109,41 @@ class TrainDataLoader:
         (on every rank); `dp_size` in it is the data-parallel size."""
         states: list[Any] = [None] * self.dp_size
         dist.all_gather_object(states, self.loader.state_dict(), group=self.dp_group)
-        if self.kind == "zephon":
-            return merge_rank_states(states)
-        return {"format": HF_STATE_FORMAT, "ranks": states}
+        return self.loader.merge_states(states)
 
     def check_resumable(self, doc: dict[str, Any]) -> None:
         """Fail before any training step if the saved data state cannot be continued."""
-        if self.kind == "zephon":
-            if doc.get("format") == HF_STATE_FORMAT:
-                raise StateError(
-                    "the checkpoint's data state was written by the hf loader; "
-                    "resume it with --data.loader hf"
-                )
-            check_header(doc)
-            check_fingerprint(doc["fingerprint"], self.loader.fingerprint)
-        elif doc.get("format") != HF_STATE_FORMAT:
-            raise StateError(
-                "the checkpoint's data state was written by the zephon loader; "
-                "resume it with --data.loader zephon"
-            )
+        self.loader.check_resumable(doc)
 
     def restore(self, doc: dict[str, Any]) -> None:
-        self.check_resumable(doc)
-        if self.kind == "zephon":
-            self.loader.load_state_dict(doc)
-        else:
-            self.loader.load_state_dict(doc["ranks"], mode=self.resume_mode)
+        self.loader.check_resumable(doc)
+        self.loader.load_state(doc)
 
     def close(self) -> None:
         self.loader.close()
+
+
+def gather_digests(
+    digests: list[bytes], group: dist.ProcessGroup | None, device: torch.device
+) -> list[list[bytes]]:
+    """Collective: every group member's 32-byte digests, in group-rank order.
+
+    Members may send different numbers (uneven lanes), so the counts are gathered
+    first; then one fixed-size uint8 all-gather, each member padded to the
+    largest count, and the padding is cut off again."""
+    if any(len(d) != DIGEST_BYTES for d in digests):
+        raise ValueError(f"batch digests must be {DIGEST_BYTES} bytes each")
+    count = torch.tensor([len(digests)], dtype=torch.int64, device=device)
+    counts = _all_gather(count, group).view(-1).tolist()
+    width = max(counts)
+    if width == 0:
+        return [[] for _ in counts]
+    local = torch.zeros((width, DIGEST_BYTES), dtype=torch.uint8)
+    if digests:
+        raw = torch.frombuffer(bytearray(b"".join(digests)), dtype=torch.uint8)
+        local[: len(digests)] = raw.view(-1, DIGEST_BYTES)
+    parts = _all_gather(local.to(device), group).cpu().numpy()
+    return [[parts[r, i].tobytes() for i in range(n)] for r, n in enumerate(counts)]
 
 
 def _all_gather(t: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
@@ -199,3 +194,17 @@ def check_startup(
             f"x whole micro-batches of training.local_batch_size {t.local_batch_size}"
         )
     return None
+
+
+def check_data_startup(cfg: JobConfig, dp_size: int, max_seq_len: int) -> Layout | None:
+    """Every start-up check of `[data]` and `[validation]`, before the mesh and the
+    model are built. Returns the training layout (None for the hf loader)."""
+    lanes = load_recipe(cfg.data.recipe).lanes if cfg.data.loader == "zephon" else None
+    layout = check_startup(cfg, dp_size, lanes, max_seq_len)
+    if cfg.validation.enable:
+        if not cfg.validation.recipe:
+            raise ConfigError("validation.enable = true needs validation.recipe")
+        val_recipe = load_recipe(cfg.validation.recipe)
+        check_startup(cfg, dp_size, val_recipe.lanes, 1 << 30)
+        check_validation_ends(cfg, val_recipe)
+    return layout

@@ -16,7 +16,6 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from torchtitan.config.job_config import ConfigError, Parallelism
-from torchtitan.models.llama3.args import ModelArgs
 
 
 @dataclass(frozen=True)
@@ -56,31 +55,6 @@ class ParallelDims:
                 "(set data_parallel_shard_degree = -1 to use the rest)"
             )
         return cls(rep, shard, tp, world_size)
-
-    def check_model(self, args: ModelArgs, seq_len: int) -> None:
-        """Tensor-parallel constraints of the model shape; every problem in one error."""
-        if self.tp == 1:
-            return
-        tp = self.tp
-        problems = []
-        if args.n_heads % tp:
-            problems.append(f"the model's n_heads {args.n_heads} is not divisible by it")
-        if args.kv_heads % tp:
-            problems.append(f"the model's n_kv_heads {args.kv_heads} is not divisible by it")
-        if args.ffn_hidden_dim % tp:
-            problems.append(f"the model's FFN width {args.ffn_hidden_dim} is not divisible by it")
-        if seq_len % tp:
-            problems.append(
-                f"training.seq_len {seq_len} is not divisible by it (sequence parallelism "
-                "splits each row's tokens between the peers)"
-            )
-        if args.tie_embeddings:
-            problems.append(
-                "the model ties its output projection to the embeddings, which the tensor "
-                "parallel plan does not support"
-            )
-        if problems:
-            raise ConfigError(f"parallelism.tensor_parallel_degree = {tp}: " + "; ".join(problems))
 
 
 class ParallelMesh:

@@ -16,7 +16,7 @@ import socket
 import time
 from typing import Any
 
-from torchtitan.components.manifest import CheckpointError
+from torchtitan.components.checkpoint import CheckpointError
 from zephon.files import atomic_write
 
 logger = logging.getLogger("torchtitan")

@@ -18,7 +18,7 @@ import time
 import traceback
 from typing import Any
 
-from torchtitan.components.manifest import CheckpointError
+from torchtitan.components.checkpoint import CheckpointError
 from torchtitan.config.job_config import ConfigError
 from zephon.errors import DataError, ZephonError
 from zephon.files import atomic_write

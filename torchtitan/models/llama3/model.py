@@ -156,7 +156,7 @@ class TransformerBlock(nn.Module):
         self.attention = Attention(args)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
-        # Set by apply_activation_checkpointing. A flag instead of a wrapper module
+        # Set by parallelize.apply_activation_checkpointing. A flag instead of a wrapper module
         # keeps parameter names (and so checkpoints) identical with AC on or off.
         self.checkpoint_activations = False
 
@@ -265,16 +265,3 @@ def _copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:
         local.copy_(shard.to_local())
     else:
         param.copy_(full)
-
-
-def apply_activation_checkpointing(model: Transformer) -> None:
-    """Recompute each block's activations in backward (non-reentrant
-    ``torch.utils.checkpoint``), trading compute for memory. Apply before
-    ``fully_shard``; parameter names do not change."""
-    for block in model.layers.values():
-        block.checkpoint_activations = True
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Number of distinct parameters (global sizes, also for sharded or meta models)."""
-    return sum(p.numel() for p in model.parameters())

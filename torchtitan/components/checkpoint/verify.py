@@ -1,8 +1,8 @@
-"""`python -m torchtitan.checkpoint verify PATH [--mode full|size]`.
+"""`python -m torchtitan.components.checkpoint verify PATH [--mode full|size]`.
 
 PATH is one step folder (`.../checkpoint/step-40`) or a checkpoint folder
 holding several; each step is checked against its manifest (see
-torchtitan/components/manifest.py). Exit status 0 when every step verifies,
+manifest.py beside this file). Exit status 0 when every step verifies,
 2 otherwise; folders without a COMPLETE.json are reported as unfinished saves.
 """
 
@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from torchtitan.components import manifest
+from torchtitan.components.checkpoint import manifest
 
 
 def _verify(path: str, mode: str) -> bool:
@@ -39,7 +39,9 @@ def _verify(path: str, mode: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m torchtitan.checkpoint", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m torchtitan.components.checkpoint", description=__doc__
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("verify", help="check step folders against their manifests")
     p.add_argument("path", help="a step-N folder or a folder of them")
@@ -63,7 +65,3 @@ def main(argv: list[str] | None = None) -> int:
             continue
         ok = _verify(t, a.mode) and ok
     return 0 if ok else 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,7 +12,7 @@ as fast as the disk delivers the bytes), "size" only compares sizes and the
 steps (cheap whatever the model size). Folders written before manifests
 existed (`COMPLETE.json` without a file list) are accepted with a warning.
 
-`python -m torchtitan.checkpoint verify DIR` checks one step folder, or every
+`python -m torchtitan.components.checkpoint verify DIR` checks one step folder, or every
 step of a checkpoint folder, on its own.
 """
 

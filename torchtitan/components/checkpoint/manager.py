@@ -29,8 +29,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
-from torchtitan.components import manifest
-from torchtitan.components.manifest import COMPLETE_FILE, LOADER_FILE, CheckpointError
+from torchtitan.components.checkpoint import manifest
+from torchtitan.components.checkpoint.manifest import COMPLETE_FILE, LOADER_FILE, CheckpointError
 from torchtitan.config.job_config import Checkpoint as CheckpointConfig
 from torchtitan.distributed.utils import all_gather_objects
 from zephon.files import atomic_write

@@ -1,0 +1,203 @@
+"""The loader contract: both adapters implement it and resume from their own saved
+document; the glue runs its collectives for any implementation, including ranks
+that contribute different numbers of digests (a 3-process gloo group)."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import multiprocessing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from torchtitan.config.job_config import load_job_config
+from torchtitan.datasets.contract import RankLoader, TrainBatch
+from torchtitan.datasets.dataloader import TrainDataLoader, gather_digests
+from torchtitan.datasets.hf_adapter import HFBaselineAdapter
+from torchtitan.datasets.zephon_adapter import ZephonAdapter
+from zephon import StateError, global_batch_digest, load_recipe
+
+# -- both adapters ------------------------------------------------------------------------
+
+
+def _adapters(make_recipe, tokenizer_path: str, tmp_path: Path) -> dict[str, Any]:
+    """A factory per loader kind, on the same recipe and job config, one rank of one."""
+    recipe_path = make_recipe(lanes=4)
+    cfg = load_job_config(
+        ["--data.recipe", str(recipe_path), "--data.tokenizer", tokenizer_path,
+         "--training.seq_len", "32", "--training.global_batch_size", "8",
+         "--training.local_batch_size", "2"]
+    )  # fmt: skip
+    recipe = load_recipe(recipe_path)
+    cache = str(tmp_path / "hf_cache")
+    return {
+        "zephon": lambda: ZephonAdapter(cfg, recipe, 0, 1),
+        "hf": lambda: HFBaselineAdapter(cfg, recipe, 0, 1, cache_dir=cache),
+    }
+
+
+def test_both_adapters_satisfy_the_contract_and_resume_from_their_document(
+    make_recipe, tokenizer_path, tmp_path
+):
+    factories = _adapters(make_recipe, tokenizer_path, tmp_path)
+    docs = {}
+    for kind, make in factories.items():
+        first = make()
+        try:
+            assert isinstance(first, RankLoader), kind
+            assert first.source_names == ("prose", "code")
+            assert first.dropped_records() is None  # the default policy drops nothing
+            batches = [first.next_batch() for _ in range(2)]
+            assert all(isinstance(b, TrainBatch) for b in batches)
+            # Saved as JSON beside the checkpoint: the document must survive that.
+            doc = json.loads(json.dumps(first.merge_states([first.state_dict()])))
+            expected = first.next_batch()
+        finally:
+            first.close()
+        second = make()
+        try:
+            second.check_resumable(doc)
+            second.load_state(doc)
+            got = second.next_batch()
+        finally:
+            second.close()
+        assert got is not None and got.step == expected.step == 2, kind
+        assert torch.equal(got.input_ids, expected.input_ids), kind
+        assert torch.equal(got.positions, expected.positions), kind
+        assert got.digests == expected.digests, kind
+        docs[kind] = doc
+
+    zephon, hf = factories["zephon"](), factories["hf"]()
+    try:
+        with pytest.raises(
+            StateError, match="written by the hf loader; resume it with --data.loader hf"
+        ):
+            zephon.check_resumable(docs["hf"])
+        with pytest.raises(StateError, match="written by the zephon loader"):
+            hf.check_resumable(docs["zephon"])
+    finally:
+        zephon.close()
+        hf.close()
+
+
+# -- the glue on a 3-rank gloo group ------------------------------------------------------
+
+COUNTS = (2, 0, 3)  # digests per rank: uneven, one rank with none
+
+
+def _digests(rank: int, n: int) -> list[bytes]:
+    return [hashlib.sha256(f"rank {rank} unit {i}".encode()).digest() for i in range(n)]
+
+
+@dataclass
+class FakeBatch:
+    step: int
+    digests: list[bytes]
+
+    def num_valid_tokens(self) -> int:
+        return 0
+
+    def micro_batches(self, rows: int) -> list[Any]:
+        return []
+
+
+@dataclass
+class FakeLoader:
+    """Any implementation of the contract: the glue must not care which."""
+
+    rank: int
+    digests: list[bytes] = field(default_factory=list)
+
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        return ("only",)
+
+    def next_batch(self) -> FakeBatch | None:
+        return FakeBatch(step=5, digests=self.digests)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank}
+
+    def merge_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"merged": states}
+
+    def check_resumable(self, doc: dict[str, Any]) -> None:
+        pass
+
+    def load_state(self, doc: dict[str, Any]) -> None:
+        pass
+
+    def dropped_records(self) -> int | None:
+        return self.rank + 1
+
+    def close(self) -> None:
+        pass
+
+
+def _rank_main(rank: int, world: int, init_file: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )  # fmt: skip
+    result: dict[str, Any] = {}
+    try:
+        mine = _digests(rank, COUNTS[rank])
+        cpu = torch.device("cpu")
+        result["parts"] = [[d.hex() for d in p] for p in gather_digests(mine, None, cpu)]
+        glue = TrainDataLoader(FakeLoader(rank, mine), dp_size=world)
+        batch = glue.next_batch()
+        assert batch is not None
+        result["global"] = glue.global_digest(batch)
+        result["state"] = glue.gather_state()
+        result["dropped"] = glue.bad_records_dropped()
+        # The same three processes as tensor-parallel peers of one data-parallel
+        # rank: equal digests pass, one peer with a digest fewer is caught.
+        singles = [dist.new_group([r]) for r in range(world)]
+        peers = TrainDataLoader(
+            FakeLoader(rank), dp_size=1, dp_group=singles[rank], tp_group=dist.group.WORLD
+        )
+        result["tp_equal"] = peers.global_digest(FakeBatch(5, _digests(0, 3)))
+        try:
+            peers.global_digest(FakeBatch(5, _digests(0, 2 if rank == 2 else 3)))
+            result["tp_unequal"] = None
+        except RuntimeError as exc:
+            result["tp_unequal"] = str(exc)
+    finally:
+        Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+        dist.destroy_process_group()
+
+
+def test_glue_collectives_with_a_different_number_of_digests_per_rank(tmp_path):
+    world = len(COUNTS)
+    ctx = multiprocessing.get_context("spawn")
+    init_file = tmp_path / "store"
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, world, str(init_file), str(tmp_path)))
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(180)
+        if p.exitcode is None:
+            p.kill()
+    assert [p.exitcode for p in procs] == [0] * world
+    expected = [_digests(r, n) for r, n in enumerate(COUNTS)]
+    flat = [d for part in expected for d in part]
+    for rank in range(world):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert got["parts"] == [[d.hex() for d in part] for part in expected]
+        assert got["global"] == global_batch_digest(flat)
+        assert got["state"] == {"merged": [{"rank": r} for r in range(world)]}
+        assert got["dropped"] == sum(r + 1 for r in range(world))
+        assert got["tp_equal"] == global_batch_digest(_digests(0, 3))
+        assert "tensor-parallel peers received different batches at step 5" in (
+            got["tp_unequal"] or ""
+        )

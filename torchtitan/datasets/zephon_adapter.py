@@ -1,0 +1,71 @@
+"""The Zephon loader behind the trainer's loader contract (`contract.RankLoader`).
+
+Zephon's own API stays as it is; this adapter maps it onto the contract: the
+end of the data becomes None, rank states merge into one document with
+`merge_rank_states`, and a resume is checked (header, fingerprint) before any
+training step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchtitan.config.job_config import JobConfig
+from torchtitan.datasets.hf_adapter import HF_STATE_FORMAT
+from zephon import Batch, StateError, ZephonLoader, merge_rank_states
+from zephon.recipe import Recipe
+from zephon.state import check_fingerprint, check_header
+
+
+class ZephonAdapter:
+    """One data-parallel rank's Zephon loader: its lanes of the global batch."""
+
+    def __init__(self, cfg: JobConfig, recipe: Recipe, dp_rank: int, dp_size: int) -> None:
+        t, d = cfg.training, cfg.data
+        self.loader = ZephonLoader(
+            recipe,
+            d.tokenizer,
+            t.seq_len,
+            t.global_batch_size,
+            t.local_batch_size,
+            dp_rank,
+            dp_size,
+            num_workers=None if d.num_workers < 0 else d.num_workers,
+            prefetch=None if d.prefetch < 0 else d.prefetch,
+        )
+
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.loader.recipe.sources)
+
+    def next_batch(self) -> Batch | None:
+        try:
+            return self.loader.next_batch()
+        except StopIteration:
+            return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def merge_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
+        return merge_rank_states(states)
+
+    def check_resumable(self, doc: dict[str, Any]) -> None:
+        if doc.get("format") == HF_STATE_FORMAT:
+            raise StateError(
+                "the checkpoint's data state was written by the hf loader; "
+                "resume it with --data.loader hf"
+            )
+        check_header(doc)
+        check_fingerprint(doc["fingerprint"], self.loader.fingerprint)
+
+    def load_state(self, doc: dict[str, Any]) -> None:
+        self.loader.load_state_dict(doc)
+
+    def dropped_records(self) -> int | None:
+        if self.loader.recipe.bad_records != "drop":
+            return None
+        return self.loader.dropped_records()
+
+    def close(self) -> None:
+        self.loader.close()

@@ -1,0 +1,78 @@
+"""What the trainer needs from a model, written down as data: the model spec.
+
+The trainer, the initial-weights loader and the step-folder tools look a model
+up by `[model] name` (see `torchtitan/models/__init__.py`) and use only these
+entries, so nothing model-specific sits in `train.py`, `distributed/` or
+`components/`, and a second model is one new folder plus one registry line.
+Model arguments are the model's own frozen dataclass; the trainer reads only
+`vocab_size` and `max_seq_len` from them and replaces `attention_impl`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from torchtitan.config.job_config import Training
+    from torchtitan.distributed.mesh import ParallelDims, ParallelMesh
+
+
+class StateDictAdapter(Protocol):
+    """A model's parameters <-> a Hugging Face checkpoint's tensors, without files.
+
+    The generic safetensors reader (`torchtitan/components/hf_folder.py`) asks it
+    where each of this rank's rows lives; the exporter converts full tensors."""
+
+    def hf_name(self, name: str) -> str:
+        """The checkpoint tensor that holds this model's parameter `name`."""
+        ...
+
+    def hf_rows(self, name: str, rows: torch.Tensor) -> torch.Tensor | None:
+        """The checkpoint rows holding rows `rows` of parameter `name`; None when
+        they are the same rows (no layout change)."""
+        ...
+
+    def to_hf(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Full (unsharded) parameters -> checkpoint names and layout."""
+        ...
+
+    def from_hf(self, hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Checkpoint tensors -> this model's names and layout (inverse of `to_hf`)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    flavors: Mapping[str, Any]
+    """The named shapes `[model] flavor` selects (args objects)."""
+    model_args: Callable[..., Any]
+    """(flavor, **overrides) -> args; ValueError naming the known flavors."""
+    build: Callable[[Any], torch.nn.Module]
+    """args -> the model on the current default device (the trainer builds on meta).
+    The model has `init_weights(generator)`, which draws every parameter in full
+    so the weights do not depend on the sharding."""
+    parallelize: Callable[[torch.nn.Module, ParallelMesh, Training], torch.nn.Module]
+    """Tensor parallelism, activation checkpointing, compile, then FSDP2/HSDP."""
+    check_parallelism: Callable[[Any, ParallelDims, int], None]
+    """(args, dims, seq_len): one ConfigError naming every shape the mesh cannot split."""
+    args_from_hf_config: Callable[..., Any]
+    """(config.json document, its path, **overrides) -> args; HFCheckpointError
+    naming the key for a setting the model lacks."""
+    hf_config: Callable[..., dict[str, Any]]
+    """(args, dtype) -> the config.json document `transformers` loads."""
+    state_dict_adapter: Callable[[Any], StateDictAdapter]
+    """args -> the adapter between parameters and Hugging Face tensors."""
+    flops_per_token: Callable[[Any, int], float]
+    """(args, seq_len) -> training FLOPs per token, for MFU."""
+    describe: Callable[[Any], str]
+    """args -> a few words for the start-up log line (e.g. the attention mode)."""
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Number of distinct parameters (global sizes, also for sharded or meta models)."""
+    return sum(p.numel() for p in model.parameters())
