@@ -6,8 +6,9 @@ with `lane.emit(pieces)` and declare flush points with
 `lane.flush_point(snapshot, skip_tokens)`: places where the packer holds no
 state, so a resume can restart from the lane's cursors alone. `RowBuilder`
 turns a row's pieces into tokens and positions: positions restart at 0 at
-every document start and every row start; padding (pad id, position -1) fills
-only what the pieces leave free.
+every piece, that is at every document start, every row start and (best_fit)
+where the rest of a split document follows another document in a row;
+padding (pad id, position -1) fills only what the pieces leave free.
 """
 
 from __future__ import annotations
