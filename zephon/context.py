@@ -31,7 +31,7 @@ class PipelineContext:
     plans: list[SourcePlan]
     tok: TokenizerInfo
     row_len: int
-    work: DemandScheduler
+    scheduler: DemandScheduler
 
     def lane_docs(self, source: int, lane: int) -> LaneDocs:
         """The lane's documents of a source, in visiting order, epoch by epoch."""

@@ -47,7 +47,7 @@ class SourceCursor:
         if not retired:
             self._roll()
         start = FeedStart(ctx.readers[source], docs, self.epoch, self.pos, self.retired)
-        self.feed: Feed = ctx.work.add_feed(demand, source, start)
+        self.feed: Feed = ctx.scheduler.add_feed(demand, source, start)
 
     def _roll(self) -> None:
         """Apply the end-of-epoch rule: next epoch (repeat) or retired (stop)."""
@@ -62,7 +62,7 @@ class SourceCursor:
         """(tokens, document index) of the next document, or None once retired."""
         if self.retired:
             return None
-        got = self.ctx.work.take(self.feed)
+        got = self.ctx.scheduler.take(self.feed)
         if got is None:
             self.retired = True
             return None
@@ -103,7 +103,7 @@ class LaneStream:
         skip = int(snapshot["skip_tokens"]) if packing.algorithm == "concat" else 0
         # The scheduler follows the lane in its own stream's token offsets.
         offset = self.rows_emitted * ctx.row_len - skip
-        demand = ctx.work.add_lane(lane, self.mixer.counts, offset, weights)
+        demand = ctx.scheduler.add_lane(lane, self.mixer.counts, offset, weights)
         self.cursors = [
             SourceCursor(
                 ctx,

@@ -93,7 +93,7 @@ class ZephonLoader:
         rank_step_tokens = len(self.lane_ids) * self.rows_per_lane * row_len
         budget = lookahead_tokens if lookahead_tokens is not None else ex.lookahead_tokens
         self.lookahead_tokens = budget or 2 * rank_step_tokens
-        self._work: DemandScheduler | None = DemandScheduler(
+        self._scheduler: DemandScheduler | None = DemandScheduler(
             self.tok,
             self.num_workers,
             self.lookahead_tokens,
@@ -101,7 +101,7 @@ class ZephonLoader:
             self.recipe.mixture.unit,
         )
         self.source_names = tuple(s.name for s in self.recipe.sources)
-        self.ctx = PipelineContext(self.recipe, readers, plans, self.tok, row_len, self._work)
+        self.ctx = PipelineContext(self.recipe, readers, plans, self.tok, row_len, self._scheduler)
         self.fingerprint = make_fingerprint(
             self.recipe, readers, self.tok, seq_len, global_batch_size
         )
@@ -132,7 +132,7 @@ class ZephonLoader:
 
         Happens on the first `next_batch`; call it to start work earlier.
         """
-        assert self._producer is not None and self._work is not None
+        assert self._producer is not None and self._scheduler is not None
         if self._producer.started:
             return
         passed = self._producer.start()
@@ -223,8 +223,8 @@ class ZephonLoader:
         """Stop producing and drop queued work of the current lanes."""
         if self._producer is not None:
             self._producer.stop()
-        if self._work is not None:
-            self._work.reset()
+        if self._scheduler is not None:
+            self._scheduler.reset()
 
     def stats(self) -> dict[str, Any]:
         """Counts of the work done since the start or the last restore.
@@ -234,7 +234,7 @@ class ZephonLoader:
         the same counts when the first batch was assembled (replay included),
         with the non-padding tokens of its rows. The prefetch thread may be a
         step or two ahead of the trainer."""
-        work = self._work.stats() if self._work is not None else {}
+        work = self._scheduler.stats() if self._scheduler is not None else {}
         first = self.first_batch
         return {
             "step": self.step,
@@ -249,9 +249,9 @@ class ZephonLoader:
 
     def close(self) -> None:
         self._discard_lanes()
-        if self._work is not None:
-            self._work.close()
-            self._work = None
+        if self._scheduler is not None:
+            self._scheduler.close()
+            self._scheduler = None
 
     def __enter__(self) -> ZephonLoader:
         return self

@@ -363,8 +363,10 @@ class NeedPlanner:
         share = ld.shares[k]
         if ld.unit == "tokens":
             return ld.offset + int((ld.mix_counts[k] + f.sched_tokens) / share) - ld.taken
+        stats = self.stats  # tokens_per_doc() written out: this runs per document
+        per_doc = stats.tokens_tokenized / stats.docs_tokenized if stats.docs_tokenized else 256
         docs_ahead = (ld.mix_counts[k] + f.sched) / share - ld.taken
-        return ld.offset + int(docs_ahead * self.stats.tokens_per_doc())
+        return ld.offset + int(docs_ahead * per_doc)
 
     def _serve_cached(self, f: Feed, slot: Slot) -> bool:
         """Serve a long document from the cache, if it is there."""

@@ -65,9 +65,9 @@ class BatchProducer:
         """Build the lanes, replay each to its consumed row and begin prefetching.
         Returns the flush points the lanes passed while replaying."""
         self.started = True
-        work = self.ctx.work
+        scheduler = self.ctx.scheduler
         # Replayed rows and the first batch are all "needed" work for the scheduler.
-        work.set_floor(self.step)
+        scheduler.set_floor(self.step)
         traces = self.traces
         self.lanes = [
             LaneStream(self.ctx, lane, flush, traces[lane] if traces else None)
@@ -85,7 +85,7 @@ class BatchProducer:
             self.replay["rows"] += skip
             self.replay["docs_packed"] += lane.docs_packed
             passed[lane.lane] = lane.take_flushes()
-        stats = work.stats()
+        stats = scheduler.stats()
         self.replay["docs_tokenized"] = stats["docs_tokenized"] + stats["docs_pretokenized"]
         self.replay["tokens_tokenized"] = stats["tokens_tokenized"] + stats["tokens_pretokenized"]
         if self.prefetch > 0:
@@ -105,8 +105,8 @@ class BatchProducer:
         """Assemble the next step from every lane, in lane order; None at the end."""
         r, row_len = self.rows_per_lane, self.ctx.row_len
         n = len(self.lanes) * r
-        work = self.ctx.work
-        work.set_floor(self.produced_step)
+        scheduler = self.ctx.scheduler
+        scheduler.set_floor(self.produced_step)
         tokens = np.empty((n, row_len), dtype=np.int32)
         positions = np.empty((n, row_len), dtype=np.int32)
         src_tokens = np.zeros(len(self.source_names), dtype=np.int64)
@@ -125,7 +125,7 @@ class BatchProducer:
             flushes[lane.lane] = lane.take_flushes()
         if self.first_batch is None:
             # Work done before the first batch was assembled (replay included).
-            stats = work.set_warm()
+            stats = scheduler.set_warm()
             self.first_batch = {
                 "docs_tokenized": stats["docs_tokenized"],
                 "tokens_tokenized": stats["tokens_tokenized"],
