@@ -5,7 +5,8 @@ order (from its `LaneDocs`), as the scheduler holds them: read and waiting,
 queued for the tokenizer, or tokenized and waiting to be taken. A
 `LaneDemand` is one lane's mixer state as the scheduler follows it, and the
 replay of that mixer over the documents already tokenized, which tells which
-document the lane will need next and where in its stream (the simulation).
+document the lane will need next and where in its stream (the simulation);
+after the first batch a cheaper estimate from the lane's shares takes its place.
 
 These are plain objects: the planner (planner.py) changes them and the
 executor (scheduler.py) guards them with its lock.
@@ -16,13 +17,16 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from zephon.lane_docs import BlockPart, LaneDocs
 from zephon.mixing import Mixer
 from zephon.sources.storage import is_remote
+
+if TYPE_CHECKING:
+    from zephon.planner import SchedulerStats
 
 
 class Slot:
@@ -178,3 +182,19 @@ class LaneDemand:
             idx[k] += 1
             self.sim_tokens[k] += n
         self.sim_offset, self.frontier, self.dirty = offset, frontier, False
+
+    def estimate(self, k: int, f: Feed, stats: SchedulerStats) -> int:
+        """Lane-stream offset where feed k's next unqueued document is likely needed.
+
+        Largest-deficit mixing picks source k's next document once k's share of
+        everything the lane has taken reaches what k has given plus what it holds
+        queued; the offset is the lane's position then (documents are counted at
+        the average document length when the mixture is by documents). Never
+        asked for a paused source (share 0)."""
+        share = self.shares[k]
+        if self.unit == "tokens":
+            return self.offset + int((self.mix_counts[k] + f.sched_tokens) / share) - self.taken
+        # stats.tokens_per_doc() written out: this runs per document.
+        per_doc = stats.tokens_tokenized / stats.docs_tokenized if stats.docs_tokenized else 256
+        docs_ahead = (self.mix_counts[k] + f.sched) / share - self.taken
+        return self.offset + int(docs_ahead * per_doc)

@@ -337,7 +337,7 @@ class NeedPlanner:
             # feed already holds, at the source's share. Replaying the mixer here
             # would cost as much per document as the lane's own mixing, and a lane
             # that does need a document first waits on it and is served above.
-            est = self._estimate(ld, k, f)
+            est = ld.estimate(k, f, self.stats)
             step = self.steps.step_of(est)
             if step > self.floor + self.horizon:
                 # Too far ahead: without this, a feed whose partner is still being
@@ -351,22 +351,6 @@ class NeedPlanner:
         if step > self.floor:
             return None
         return (step, ld.order, est, next(self._seq), f)
-
-    def _estimate(self, ld: LaneDemand, k: int, f: Feed) -> int:
-        """Lane-stream offset where the feed's next unqueued document is likely needed.
-
-        Largest-deficit mixing picks source k's next document once k's share of
-        everything the lane has taken reaches what k has given plus what it holds
-        queued; the offset is the lane's position then (documents are counted at
-        the average document length when the mixture is by documents). Callers
-        never ask for a paused source (share 0)."""
-        share = ld.shares[k]
-        if ld.unit == "tokens":
-            return ld.offset + int((ld.mix_counts[k] + f.sched_tokens) / share) - ld.taken
-        stats = self.stats  # tokens_per_doc() written out: this runs per document
-        per_doc = stats.tokens_tokenized / stats.docs_tokenized if stats.docs_tokenized else 256
-        docs_ahead = (ld.mix_counts[k] + f.sched) / share - ld.taken
-        return ld.offset + int(docs_ahead * per_doc)
 
     def _serve_cached(self, f: Feed, slot: Slot) -> bool:
         """Serve a long document from the cache, if it is there."""
