@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,13 +21,21 @@ class Batch:
     labels are the inputs shifted by one, IGNORE_INDEX on padding.
     positions restart at 0 at every document start (and at row starts).
     digests: 32-byte digests of the units this rank contributes to the
-    global batch digest, in canonical order (lanes for Zephon).
+    global batch digest, in canonical order (lanes for Zephon). Ranks may
+    contribute different numbers of units (e.g. when ranks own different
+    numbers of lanes): the global digest hashes the ranks' lists concatenated
+    in rank order, whatever their lengths.
     source_tokens, source_docs: int64 arrays in recipe source order (Zephon
     only; None otherwise): tokens of this batch's rows (seq_len + 1 each,
     padding excluded) that came from each source, and the documents whose
     first token is in these rows. Summed over ranks they are the same for
     every data-parallel size. Not part of the digest.
     source_names: the recipe's source names, in that order.
+    phase: the name of the recipe phase the step belongs to (None: a recipe
+    without phases).
+    num_padded_rows: rows at the end whose labels are all IGNORE_INDEX, added
+    so that every rank runs the same micro-steps (0 when ranks are even).
+    images: image data of the rows (vision-language records); None for text.
     """
 
     step: int
@@ -38,6 +46,9 @@ class Batch:
     source_tokens: np.ndarray | None = None
     source_docs: np.ndarray | None = None
     source_names: tuple[str, ...] = field(default_factory=tuple)
+    phase: str | None = None
+    num_padded_rows: int = 0
+    images: Any | None = None
 
     @property
     def num_rows(self) -> int:
@@ -55,6 +66,9 @@ class Batch:
     def micro_batches(self, rows: int) -> list[Batch]:
         if rows <= 0 or self.num_rows % rows:
             raise ValueError(f"cannot cut {self.num_rows} rows into micro-batches of {rows}")
+        if self.images is not None:
+            raise NotImplementedError("cutting image data into micro-batches is not supported yet")
+        real = self.num_rows - self.num_padded_rows  # padded rows come last
         return [
             Batch(
                 self.step,
@@ -62,6 +76,8 @@ class Batch:
                 self.labels[i : i + rows],
                 self.positions[i : i + rows],
                 [],
+                phase=self.phase,
+                num_padded_rows=min(rows, max(0, i + rows - real)),
             )
             for i in range(0, self.num_rows, rows)
         ]

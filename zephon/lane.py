@@ -2,10 +2,10 @@
 
 The lane is the accumulator side of the pipeline: single-threaded, it decides
 which source the next document comes from (Mixer), walks each source in its
-shuffled order (SourceCursor) and packs documents into rows (packing.py).
-Documents come from the scheduler (workers.py) feed by feed, each feed in its
-fixed visiting order, so the worker count, lookahead and prefetch depth never
-change the output.
+visiting order (SourceCursor, over the lane's LaneDocs) and packs documents
+into rows (packing.py). Documents come from the scheduler (scheduler.py) feed
+by feed, each feed in its fixed visiting order, so the worker count,
+lookahead and prefetch depth never change the output.
 
 A lane's whole position is a small snapshot: per source (epoch, documents
 taken, retired), the mixing counters, and for `concat` the tokens of the
@@ -16,30 +16,16 @@ their row index; a resume restores one and replays to the consumed row.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from zephon.context import PipelineContext
+from zephon.feeds import Feed, FeedStart, LaneDemand
+from zephon.lane_docs import LaneDocs
 from zephon.mixing import Mixer
-from zephon.packing import BestFitPacker, ConcatPacker, Piece
+from zephon.packing import BestFitPacker, ConcatPacker, Piece, RowBuilder
 from zephon.recipe import Recipe
-from zephon.shuffle import SourcePlan
-from zephon.sources import SourceReader
-from zephon.tokenize import TokenizerInfo
-from zephon.workers import DemandScheduler, Feed
-
-
-@dataclass
-class PipelineContext:
-    """What every lane of a loader shares: readers, plans, tokenizer, settings."""
-
-    recipe: Recipe
-    readers: list[SourceReader]
-    plans: list[SourcePlan]
-    tok: TokenizerInfo
-    row_len: int
-    work: DemandScheduler
 
 
 class SourceCursor:
@@ -48,50 +34,41 @@ class SourceCursor:
     def __init__(
         self,
         ctx: PipelineContext,
-        demand: Any,
+        demand: LaneDemand,
         source: int,
-        lane: int,
+        docs: LaneDocs,
         epoch: int,
         pos: int,
         retired: bool,
     ):
-        self.ctx, self.source, self.lane = ctx, source, lane
-        self.plan = ctx.plans[source]
-        self.repeat = ctx.recipe.sources[source].on_exhausted == "repeat"
+        self.ctx, self.source, self.docs = ctx, source, docs
         self.epoch, self.pos, self.retired = epoch, pos, retired
-        self._docs, self._docs_epoch = 0, -1
+        self._epoch_docs = 0  # documents of the lane in self.epoch
         if not retired:
-            self._normalise()
-        self.feed: Feed = ctx.work.add_feed(
-            demand,
-            source,
-            (ctx.readers[source], self.plan, self.epoch, self.pos, self.retired, self.repeat),
-        )
+            self._roll()
+        start = FeedStart(ctx.readers[source], docs, self.epoch, self.pos, self.retired)
+        self.feed: Feed = ctx.scheduler.add_feed(demand, source, start)
 
-    def _normalise(self) -> None:
-        """At the end of an epoch, move to the next one (repeat) or retire (stop)."""
-        if self.pos >= self._epoch_docs():
-            if self.repeat:
-                self.epoch, self.pos = self.epoch + 1, 0
-            else:
-                self.retired = True
-
-    def _epoch_docs(self) -> int:
-        """Documents of this lane in the current epoch (asked once per document)."""
-        if self._docs_epoch != self.epoch:
-            self._docs, self._docs_epoch = self.plan.lane_docs(self.epoch, self.lane), self.epoch
-        return self._docs
+    def _roll(self) -> None:
+        """Apply the end-of-epoch rule: next epoch (repeat) or retired (stop)."""
+        at = self.docs.position(self.epoch, self.pos)
+        if at is None:
+            self.retired = True
+        else:
+            self.epoch, self.pos = at
+            self._epoch_docs = self.docs.epoch_docs(self.epoch)
 
     def next_doc(self) -> tuple[np.ndarray, int] | None:
         """(tokens, document index) of the next document, or None once retired."""
         if self.retired:
             return None
-        got = self.ctx.work.take(self.feed)
+        got = self.ctx.scheduler.take(self.feed)
         if got is None:
             self.retired = True
             return None
         self.pos += 1
-        self._normalise()
+        if self.pos >= self._epoch_docs:
+            self._roll()
         return got
 
 
@@ -120,17 +97,19 @@ class LaneStream:
         recipe = ctx.recipe
         names = [s.name for s in recipe.sources]
         self.rows_emitted = int(snapshot["row"])
-        self.mixer = Mixer([s.weight for s in recipe.sources], recipe.mixture.unit, snapshot["mix"])
+        weights = [s.weight for s in recipe.sources]
+        self.mixer = Mixer(weights, recipe.mixture.unit, snapshot["mix"])
         packing = recipe.packing
         skip = int(snapshot["skip_tokens"]) if packing.algorithm == "concat" else 0
         # The scheduler follows the lane in its own stream's token offsets.
-        demand = ctx.work.add_lane(lane, self.mixer.counts, self.rows_emitted * ctx.row_len - skip)
+        offset = self.rows_emitted * ctx.row_len - skip
+        demand = ctx.scheduler.add_lane(lane, self.mixer.counts, offset, weights)
         self.cursors = [
             SourceCursor(
                 ctx,
                 demand,
                 i,
-                lane,
+                ctx.lane_docs(i, lane),
                 int(snapshot["sources"][n]["epoch"]),
                 int(snapshot["sources"][n]["pos"]),
                 bool(snapshot["sources"][n]["retired"]),
@@ -153,7 +132,7 @@ class LaneStream:
         self.flushes: list[dict[str, Any]] = []  # after the starting one, which the loader holds
         self.docs_packed = 0
         self.ended = False
-        self._arange = np.arange(ctx.row_len, dtype=np.int32)
+        self._rows = RowBuilder(ctx.row_len, ctx.tok.pad_id, self.num_sources)
 
     # -- the interface packers use ---------------------------------------
 
@@ -194,24 +173,7 @@ class LaneStream:
             return ids, i
 
     def emit(self, pieces: list[Piece]) -> None:
-        row_len = self.ctx.row_len
-        tokens = np.empty(row_len, dtype=np.int32)
-        positions = np.empty(row_len, dtype=np.int32)
-        src_tokens = [0] * self.num_sources
-        src_docs = [0] * self.num_sources
-        arange = self._arange
-        at = 0
-        for ids, source, starts in pieces:
-            n = len(ids)
-            tokens[at : at + n] = ids
-            positions[at : at + n] = arange[:n]
-            at += n
-            src_tokens[source] += n
-            if starts:
-                src_docs[source] += 1
-        if at < row_len:
-            tokens[at:] = self.ctx.tok.pad_id
-            positions[at:] = -1
+        tokens, positions, src_tokens, src_docs = self._rows.build(pieces)
         self.out.append((tokens, positions))
         self.row_sources.append((src_tokens, src_docs))
         self.rows_emitted += 1

@@ -3,9 +3,12 @@
 Packers pull documents from their lane (`lane.pick()`: ids and source), push
 finished rows as pieces (ids, source, whether the piece starts its document)
 with `lane.emit(pieces)` and declare flush points with
-`lane.flush_point(skip_tokens)`: places where the packer holds no state, so a
-resume can restart from the lane's cursors alone. Positions restart at 0 at
-every document start and every row start; -1 marks padding.
+`lane.flush_point(snapshot, skip_tokens)`: places where the packer holds no
+state, so a resume can restart from the lane's cursors alone. `RowBuilder`
+turns a row's pieces into tokens and positions: positions restart at 0 at
+every piece, that is at every document start, every row start and (best_fit)
+where the rest of a split document follows another document in a row;
+padding (pad id, position -1) fills only what the pieces leave free.
 """
 
 from __future__ import annotations
@@ -19,7 +22,39 @@ import numpy as np
 Piece = tuple[np.ndarray, int, bool]
 
 
+class RowBuilder:
+    """Builds a row of `row_len` tokens from its pieces, and counts it by source."""
+
+    def __init__(self, row_len: int, pad_id: int, num_sources: int):
+        self.row_len, self.pad_id, self.num_sources = row_len, pad_id, num_sources
+        self._arange = np.arange(row_len, dtype=np.int32)
+
+    def build(self, pieces: list[Piece]) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
+        """(tokens, positions, tokens per source, documents starting here per source)."""
+        row_len = self.row_len
+        tokens = np.empty(row_len, dtype=np.int32)
+        positions = np.empty(row_len, dtype=np.int32)
+        src_tokens = [0] * self.num_sources
+        src_docs = [0] * self.num_sources
+        arange = self._arange
+        at = 0
+        for ids, source, starts in pieces:
+            n = len(ids)
+            tokens[at : at + n] = ids
+            positions[at : at + n] = arange[:n]
+            at += n
+            src_tokens[source] += n
+            if starts:
+                src_docs[source] += 1
+        if at < row_len:
+            tokens[at:] = self.pad_id
+            positions[at:] = -1
+        return tokens, positions, src_tokens, src_docs
+
+
 class PackerLane(Protocol):
+    """What a packer needs of its lane (LaneStream, or a test's stand-in)."""
+
     rows_emitted: int
 
     def pick(self) -> tuple[np.ndarray, int] | None: ...

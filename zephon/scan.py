@@ -2,9 +2,10 @@
 
 The documents are split into chunks that worker processes read in parallel
 (decoding JSON holds the GIL, so threads would not help); a chunk that reads
-cleanly costs one `read_range`, one that fails is re-read record by record to
-name every bad record by file and line. Pretokenized ids are also checked
-against the tokenizer's vocabulary.
+cleanly costs one `read_range`, one that fails is re-read record by record
+(tolerant.read_or_recover, as `bad_records = "drop"` does) to name every bad
+record by file and line. Pretokenized ids are also checked against the
+tokenizer's vocabulary, with the loader's own check (tokenize.token_id_error).
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from __future__ import annotations
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 from zephon.errors import DataError
 from zephon.recipe import Recipe, SourceSpec
 from zephon.sources import SourceReader
+from zephon.tokenize import token_id_error
+from zephon.tolerant import read_or_recover
 
 CHUNK = 2048
 
@@ -37,42 +39,24 @@ def _reader(spec: SourceSpec, cache: str | None) -> SourceReader:
     return _readers[key]
 
 
-def _check_ids(spec: SourceSpec, values: list[Any], start: int, vocab: int) -> list[BadRecord]:
-    bad = []
-    for k, ids in enumerate(values):
-        top = max(ids, default=0)
-        if top >= vocab:
-            bad.append(
-                BadRecord(
-                    spec.name,
-                    start + k,
-                    f"source '{spec.name}' document {start + k}: token id {top} is outside "
-                    f"the tokenizer's vocabulary ({vocab})",
-                )
-            )
-    return bad
-
-
 def scan_chunk(
     spec: SourceSpec, cache: str | None, start: int, end: int, vocab: int
 ) -> tuple[int, list[BadRecord]]:
     """(records read, bad records) of documents [start, end) of one source."""
-    reader = _reader(spec, cache)
-    try:
-        values = reader.read_range(start, end)
-    except DataError:
-        bad, values_ok = [], []
-        for i in range(start, end):
-            try:
-                v = reader.read_range(i, i + 1)
-            except DataError as exc:
-                bad.append(BadRecord(spec.name, i, str(exc)))
-                continue
-            if spec.pretokenized:
-                bad.extend(_check_ids(spec, v, i, vocab))
-            values_ok.append(i)
-        return end - start, bad
-    return end - start, (_check_ids(spec, values, start, vocab) if spec.pretokenized else [])
+    bad: list[BadRecord] = []
+
+    def unreadable(i: int, exc: DataError) -> None:
+        bad.append(BadRecord(spec.name, i, str(exc)))
+
+    values = read_or_recover(_reader(spec, cache), start, end, unreadable)
+    if spec.pretokenized:
+        for i, ids in enumerate(values, start):
+            problem = None if ids is None else token_id_error(spec, i, ids, vocab)
+            if problem is not None:
+                bad.append(BadRecord(spec.name, i, problem))
+    # Listed by index, as if each record were read and checked in turn.
+    bad.sort(key=lambda r: r.index)
+    return end - start, bad
 
 
 def scan_recipe(

@@ -30,6 +30,27 @@ FINGERPRINT_FIELDS = (
 )
 
 
+def make_fingerprint(
+    recipe: Any, readers: Sequence[Any], tok: Any, seq_len: int, global_batch_size: int
+) -> dict[str, Any]:
+    """Everything that defines a run's data, for the state (see FINGERPRINT_FIELDS)."""
+    fingerprint = {
+        "recipe": recipe.digest(),
+        "sources": {s.name: r.num_docs for s, r in zip(recipe.sources, readers, strict=True)},
+        "tokenizer": tok.fingerprint,
+        # Only when a special token differs from the bare tokenizer.json's (DESIGN §11).
+        **({"tokenizer_choices": tok.choices} if tok.choices else {}),
+        "seq_len": seq_len,
+        "global_batch_size": global_batch_size,
+        "lanes": recipe.lanes,
+        "seed": recipe.seed,
+    }
+    remote = {u: v for r in readers for u, v in r.remote_versions().items()}
+    if remote:  # only for remote sources, so local fingerprints stay as they were
+        fingerprint["remote"] = remote
+    return fingerprint
+
+
 def check_header(state: Any, origin: str = "loader state") -> None:
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise StateError(f"{origin}: not a Zephon loader state (expected format {STATE_FORMAT!r})")

@@ -1,8 +1,12 @@
-"""Reading and tokenizing blocks: the expensive, stateless part of the pipeline.
+"""The tokenizer: loading it, choosing its special tokens, and framing documents' ids.
 
-A block is a pure function of (source, epoch, block, skip), and each document
-is tokenized on its own, so this work can run on any thread, in any grouping;
-the lane consumes results in submission order.
+`load_tokenizer` reads a Hugging Face `tokenizer.json` (or a tokenizer folder)
+and decides the end-of-text, pad and optional beginning-of-text tokens, with
+the recipe's `[tokenizer]` section first. The encoding functions are
+stateless and pure per document: a document's ids never depend on what else
+was in its call, so the scheduler (scheduler.py) may group documents into
+calls as it likes. Pretokenized documents are checked against the
+vocabulary here too, with the one check `zephon validate --scan` uses.
 """
 
 from __future__ import annotations
@@ -17,8 +21,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from zephon.errors import DataError, ZephonError
-from zephon.shuffle import SourcePlan
-from zephon.sources import SourceReader
+from zephon.recipe import SourceSpec
 
 EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>")
 PAD_CANDIDATES = ("<|pad|>", "<pad>", "[PAD]")
@@ -171,39 +174,6 @@ def resolve_tokenizer(
     return load_tokenizer(tokenizer, spec, recipe.path)
 
 
-@dataclass
-class TokenizedBlock:
-    docs: list[np.ndarray]  # int32 token ids, each ending with EOS
-    doc_ids: np.ndarray  # document indices within the source, in visiting order
-
-
-@dataclass
-class RawBlock:
-    """A block as read from disk: document values in visiting order."""
-
-    values: list[Any]
-    doc_ids: np.ndarray
-
-
-def read_block(
-    reader: SourceReader, plan: SourcePlan, epoch: int, block: int, skip: int = 0
-) -> RawBlock:
-    """Documents of `block` in their shuffled order, minus the first `skip`."""
-    start, end = plan.block_range(block)
-    order = plan.block_order(epoch, block)[skip:]
-    if len(order) == 0:
-        return RawBlock([], order)
-    if skip:
-        # On a resume only part of the block is needed: read just that part.
-        lo, hi = int(order.min()), int(order.max()) + 1
-        raw = reader.read_range(start + lo, start + hi)
-        values = [raw[i - lo] for i in order]
-    else:
-        raw = reader.read_range(start, end)
-        values = [raw[i] for i in order]
-    return RawBlock(values, start + order)
-
-
 def _frame(ids: Any, tok: TokenizerInfo) -> np.ndarray:
     """A document's ids with EOS appended (and BOS prepended when asked for)."""
     first = 1 if tok.add_bos else 0
@@ -215,24 +185,34 @@ def _frame(ids: Any, tok: TokenizerInfo) -> np.ndarray:
     return arr
 
 
-def check_token_ids(raw: RawBlock, reader: SourceReader, tok: TokenizerInfo) -> TokenizedBlock:
-    """A pretokenized block: validate the ids and append EOS."""
+def token_id_error(spec: SourceSpec, doc: int, ids: Any, vocab_size: int) -> str | None:
+    """Why document `doc` of a pretokenized source cannot be used (a token id
+    outside the vocabulary), or None when its ids are fine."""
+    # Checked before narrowing to int32, so a huge id cannot overflow first. Arrays
+    # (Parquet token lists, token-array sources) are checked without per-token Python.
+    if isinstance(ids, np.ndarray):
+        top = int(ids.max()) if len(ids) else 0
+    else:
+        top = max(ids, default=0)
+    if top < vocab_size:
+        return None
+    return (
+        f"source '{spec.name}' ({', '.join(spec.paths)}) document {doc}: token id {top} is "
+        f"outside the tokenizer's vocabulary ({vocab_size})"
+    )
+
+
+def check_token_ids(
+    values: list[Any], doc_ids: list[int], spec: SourceSpec, tok: TokenizerInfo
+) -> list[np.ndarray]:
+    """Pretokenized documents: their ids checked against the vocabulary and framed."""
     docs = []
-    for k, ids in enumerate(raw.values):
-        # Check before narrowing to int32, so a huge id cannot overflow first. Arrays
-        # (Parquet token lists, token-array sources) are checked without per-token Python.
-        if isinstance(ids, np.ndarray):
-            top = int(ids.max()) if len(ids) else 0
-        else:
-            top = max(ids, default=0)
-        if top >= tok.vocab_size:
-            raise DataError(
-                f"source '{reader.spec.name}' ({', '.join(reader.spec.paths)}) document "
-                f"{int(raw.doc_ids[k])}: token id {top} is outside the tokenizer's "
-                f"vocabulary ({tok.vocab_size})"
-            )
+    for ids, doc in zip(values, doc_ids, strict=True):
+        problem = token_id_error(spec, doc, ids, tok.vocab_size)
+        if problem is not None:
+            raise DataError(problem)
         docs.append(_frame(ids, tok))
-    return TokenizedBlock(docs, raw.doc_ids)
+    return docs
 
 
 def encode_raw(texts: list[str], tok: TokenizerInfo) -> list[Any]:
@@ -266,18 +246,3 @@ def frame_ids(encodings: list[Any], tok: TokenizerInfo) -> list[np.ndarray]:
 def encode_texts(texts: list[str], tok: TokenizerInfo) -> list[np.ndarray]:
     """Token ids of each text, framed as `_frame` does (EOS, and BOS if asked)."""
     return frame_ids(encode_raw(texts, tok), tok)
-
-
-def tokenize_block(
-    reader: SourceReader,
-    plan: SourcePlan,
-    tok: TokenizerInfo,
-    epoch: int,
-    block: int,
-    skip: int = 0,
-) -> TokenizedBlock:
-    """Read and tokenize one block on the calling thread (the no-worker mode)."""
-    raw = read_block(reader, plan, epoch, block, skip)
-    if reader.spec.pretokenized:
-        return check_token_ids(raw, reader, tok)
-    return TokenizedBlock(encode_texts(raw.values, tok), raw.doc_ids)

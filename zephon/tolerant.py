@@ -1,8 +1,8 @@
 """`bad_records = "drop"`: a reader that turns unreadable records into empty documents.
 
 The wrapper reads a range as usual; only when that raises a DataError does it
-read the range record by record and put an empty value in place of each bad
-record. An empty value tokenizes to a document of just EOS at the record's
+read the range record by record (`read_or_recover`, which `zephon validate
+--scan` uses too) and put an empty value in place of each bad record. An empty value tokenizes to a document of just EOS at the record's
 own index, so the shuffle, the blocks and every other lane's reads stay
 exactly as they were; only the lane that owns the record sees it vanish.
 Out-of-vocabulary ids of pretokenized sources are not read errors and still
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from zephon.errors import DataError
@@ -38,22 +39,33 @@ class DroppingReader:
         return getattr(self.reader, name)
 
     def read_range(self, start: int, end: int) -> list[Any]:
+        return read_or_recover(self.reader, start, end, self._drop)
+
+    def _drop(self, i: int, exc: DataError) -> Any:
+        with self._lock:
+            if i not in self.dropped:
+                self.dropped[i] = str(exc)
+                logger.warning(f"bad_records = drop: dropped {exc}")
+        return [] if self.spec.pretokenized else ""
+
+
+def read_or_recover(
+    reader: Any, start: int, end: int, on_bad: Callable[[int, DataError], Any]
+) -> list[Any]:
+    """Values of documents [start, end): one read_range, and only if that raises a
+    DataError, record by record, with `on_bad(index, error)` in place of each bad
+    record (`zephon validate --scan` lists them, `drop` empties them)."""
+    try:
+        return reader.read_range(start, end)
+    except DataError:
+        pass
+    out: list[Any] = []
+    for i in range(start, end):
         try:
-            return self.reader.read_range(start, end)
-        except DataError:
-            pass
-        empty: Any = [] if self.spec.pretokenized else ""
-        out: list[Any] = []
-        for i in range(start, end):
-            try:
-                out.extend(self.reader.read_range(i, i + 1))
-            except DataError as exc:
-                out.append(empty)
-                with self._lock:
-                    if i not in self.dropped:
-                        self.dropped[i] = str(exc)
-                        logger.warning(f"bad_records = drop: dropped {exc}")
-        return out
+            out.extend(reader.read_range(i, i + 1))
+        except DataError as exc:
+            out.append(on_bad(i, exc))
+    return out
 
 
 def with_policy(reader: SourceReader, policy: str) -> SourceReader | DroppingReader:

@@ -1,0 +1,374 @@
+"""The need planner: which documents to read and tokenize next, under one budget.
+
+Plain data in (the lanes' feeds and mixer states, the step being produced,
+the budget), decisions out (documents to tokenize in one call, blocks to
+read); no locks and no threads, so the policy can be read and tested on its
+own. The executor (scheduler.py) calls it with its lock held and does the
+work it decides.
+
+- Need order, before the first batch. For every lane the planner replays the
+  lane's mixer over the documents already tokenized (`LaneDemand.simulate`),
+  which gives the exact next document the lane will pick and the token
+  offset in the lane's stream where it starts, hence the step that needs it
+  (`StepMap.step_of`). Only those exact documents are tokenized (nothing
+  speculative), served in the order (step, lane), so start-up and restore
+  work is the rows they need, plus the one document per lane that straddles
+  the end.
+- Lookahead, after it. Replaying the mixer would cost as much per document as
+  the lane's own mixing, so each feed's next document is placed by estimate:
+  the lane offset at which the source's share of what the lane has taken
+  covers what the source has given plus what it holds queued. Documents are
+  planned in that order, at most `horizon` steps past the one being
+  produced, while tokenized-but-unconsumed tokens stay within one budget for
+  the rank. A lane that waits on a document is served first, and the step
+  being produced (`floor`) is never held back by the budget. A source whose
+  share in a lane is 0 is paused there: it is not planned unless the lane
+  waits on it.
+- Reading runs ahead of tokenizing: a feed reads its next documents (across
+  shuffle blocks) when half of what it read is queued.
+
+None of this changes the output: a lane takes each feed's documents in feed
+order, and a document's ids do not depend on what else was in its call.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from zephon.feeds import Feed, FeedStart, LaneDemand, Slot
+from zephon.lane_docs import BlockPart
+from zephon.long_docs import LONG_CHARS, LongDocCache
+
+
+class StepMap(Protocol):
+    """Which step needs a lane's stream at a token offset, and how much one step takes."""
+
+    def step_of(self, offset: int) -> int: ...
+
+    def lane_tokens(self, step: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class UniformSteps:
+    """Every step takes the same tokens from every lane: rows per lane x row length."""
+
+    tokens_per_step: int
+
+    def step_of(self, offset: int) -> int:
+        return offset // self.tokens_per_step
+
+    def lane_tokens(self, step: int) -> int:
+        return self.tokens_per_step
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    """Counts of the scheduler's work since it started or was last reset."""
+
+    docs_tokenized: int = 0
+    tokens_tokenized: int = 0
+    chars_tokenized: int = 0
+    docs_pretokenized: int = 0
+    tokens_pretokenized: int = 0
+    read_calls: int = 0
+    docs_read: int = 0
+    encode_calls: int = 0
+    docs_from_cache: int = 0
+    tokens_from_cache: int = 0
+    lookahead_peak_tokens: int = 0
+
+    def tokens_per_doc(self) -> float:
+        """Average tokens of a tokenized document (256 before any)."""
+        return self.tokens_tokenized / self.docs_tokenized if self.docs_tokenized else 256
+
+
+class Plan(NamedTuple):
+    """The planner's decision: one tokenizer call, and the reads to do now.
+
+    served_from_cache: some documents became ready without tokenizing (the
+    lanes that wait may proceed)."""
+
+    call: list[Slot]
+    reads: list[tuple[Feed, list[BlockPart]]]
+    served_from_cache: bool
+
+
+class NeedPlanner:
+    """Chooses work for all lanes of one loader, in order of need, under a budget.
+
+    Args:
+        budget_tokens: lookahead budget (tokens tokenized or queued, not yet taken).
+        steps: maps a lane-stream offset to the step that needs it.
+        max_docs: documents per tokenizer call, at most.
+        cache: ids of long documents, served instead of tokenizing them again.
+    """
+
+    def __init__(
+        self,
+        budget_tokens: int,
+        steps: StepMap,
+        max_docs: int = 1024,
+        cache: LongDocCache | None = None,
+    ):
+        self.budget, self.steps, self.max_docs = max(budget_tokens, 1), steps, max_docs
+        # One call takes at most this many (estimated) tokens: a third of the
+        # budget, so that one call in flight, one queued behind it and the ids
+        # of the last one still being taken fit in the budget together.
+        self.call_tokens = max(1 << 15, self.budget // 3)
+        self.cache = cache if cache is not None else LongDocCache()
+        self.lanes: list[LaneDemand] = []
+        self.waiting: set[Feed] = set()
+        self.floor = 0  # the step being produced: its documents ignore the budget
+        self.warm = False  # first batch assembled: speculative lookahead allowed
+        self.used = 0  # tokens tokenized or queued (estimated) and not yet taken
+        self.tokens_per_char = 0.25  # running estimate, for queued documents
+        self.horizon = 1
+        self.stats = SchedulerStats()
+        self._seq = itertools.count()
+
+    # -- lanes and feeds ------------------------------------------------------
+
+    def add_lane(
+        self, lane: int, mix_counts: Sequence[int], offset: int, weights: Sequence[float], unit: str
+    ) -> LaneDemand:
+        ld = LaneDemand(lane, len(self.lanes), mix_counts, offset, weights, unit)
+        self.lanes.append(ld)
+        return ld
+
+    def add_feed(self, ld: LaneDemand, source: int, start: FeedStart) -> Feed:
+        feed = Feed(ld, source, start)
+        ld.feeds.append(feed)
+        ld.restart()
+        return feed
+
+    def reset(self) -> None:
+        """Forget every lane (a restore builds new ones); their feeds are marked dead."""
+        for ld in self.lanes:
+            for f in ld.feeds:
+                f.dead = True
+        self.lanes, self.waiting = [], set()
+        self.used, self.warm, self.floor = 0, False, 0
+        self.stats = SchedulerStats()
+
+    def stats_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self.stats),
+            "lookahead_tokens": self.used,
+            "lookahead_budget": self.budget,
+        }
+
+    # -- what happened --------------------------------------------------------------
+
+    def pop_ready(self, feed: Feed) -> tuple[np.ndarray, int] | None:
+        """The feed's next document (ids, index in the source) if it is tokenized,
+        taken by its lane; None if it is not ready."""
+        slots = feed.slots
+        if not slots or slots[0].ids is None:
+            return None
+        slot = slots.popleft()
+        ids = slot.ids
+        feed.sched -= 1
+        feed.taken += 1
+        ld, k, n = feed.lane, feed.source, len(ids)
+        unit = n if ld.unit == "tokens" else 1
+        ld.mix_counts[k] += unit
+        ld.taken += unit
+        ld.offset += n
+        feed.sched_tokens -= n
+        if self.warm:
+            pass  # no simulation once warm (see _entry)
+        elif ld.sim_idx[k] > 0:  # the simulation had already made this pick
+            ld.sim_idx[k] -= 1
+            ld.sim_tokens[k] -= n
+        else:
+            ld.restart()
+        self.used -= n
+        self.waiting.discard(feed)
+        return ids, slot.doc_id
+
+    def worth_planning(self) -> bool:
+        """Whether an idle planner should plan again after a take: before the first
+        batch every pick is new work; after it, once a quarter of the budget is
+        free (see `plan`: small speculative calls are not made)."""
+        return not self.warm or self.used <= self.budget - self.budget // 4
+
+    def stored(self, call: list[Slot], texts: list[str], ids: Any) -> None:
+        """A tokenizer call's ids (a list, one per slot) or its error arrived."""
+        if all(s.feed.dead for s in call):
+            return  # every lane it was for was dropped by a restore
+        stats = self.stats
+        stats.encode_calls += 1
+        failed = isinstance(ids, BaseException)
+        for k, s in enumerate(call):
+            f = s.feed
+            if f.dead:  # its lane was dropped by a restore
+                continue
+            if failed:
+                f.error = ids
+                continue
+            s.ids = ids[k]
+            n = len(s.ids)
+            self.used += n - s.est
+            f.sched_tokens += n - s.est
+            stats.docs_tokenized += 1
+            stats.tokens_tokenized += n
+            stats.chars_tokenized += len(texts[k])
+            if len(texts[k]) >= LONG_CHARS:
+                self.cache.remember(f.source, s.doc_id, s.ids)
+            f.lane.dirty = True
+        if stats.chars_tokenized:
+            self.tokens_per_char = stats.tokens_tokenized / stats.chars_tokenized
+
+    def read_done(self, f: Feed, slots: list[Slot], error: BaseException | None) -> None:
+        """A read of the feed's documents finished (slots read before any error)."""
+        f.reading = False
+        if f.dead:
+            return
+        f.error = f.error or error
+        f.slots.extend(slots)
+        stats = self.stats
+        stats.read_calls += 1
+        stats.docs_read += len(slots)
+        if f.pretokenized:
+            n = sum(len(s.ids) for s in slots)  # type: ignore[arg-type]
+            f.sched = len(f.slots)  # nothing to tokenize
+            self.used += n
+            f.sched_tokens += n
+            stats.docs_pretokenized += len(slots)
+            stats.tokens_pretokenized += n
+        f.lane.dirty = True
+
+    # -- deciding ------------------------------------------------------------------
+
+    def plan(self) -> Plan:
+        """Choose documents to tokenize and blocks to read, in order of need."""
+        # Steps of lookahead past the one being produced: the budget's worth, plus one.
+        step_tokens = self.steps.lane_tokens(self.floor)
+        self.horizon = self.budget // max(1, step_tokens * len(self.lanes)) + 1
+        heap = []
+        for ld in self.lanes:
+            if len(ld.feeds) < len(ld.weights):
+                continue  # still being built
+            if not self.warm:
+                ld.simulate()
+            for k, f in enumerate(ld.feeds):
+                entry = self._entry(ld, k, f)
+                if entry is not None:
+                    heap.append(entry)
+        heapq.heapify(heap)
+        read_size = self.read_size()
+        call: list[Slot] = []
+        reads: list[tuple[Feed, list[BlockPart]]] = []
+        est_total, needed, held_back, cached = 0, False, False, False
+        while heap and len(call) < self.max_docs and est_total < self.call_tokens:
+            step, _, _, _, f = heapq.heappop(heap)
+            if f.sched >= len(f.slots):
+                f.reading = True
+                reads.append((f, f.advance(read_size)))
+                continue
+            if self.warm and f.can_read() and len(f.slots) - f.sched <= read_size // 2:
+                # Read the next documents before these run out, so the feed
+                # never waits on its own read.
+                f.reading = True
+                reads.append((f, f.advance(read_size)))
+            slot = f.slots[f.sched]
+            if len(slot.text) >= LONG_CHARS and self._serve_cached(f, slot):
+                cached = True  # served: the call can no longer be undone slot by slot
+                if self.warm:
+                    entry = self._entry(f.lane, f.source, f)
+                    if entry is not None:
+                        heapq.heappush(heap, entry)
+                continue
+            est = max(1, int(len(slot.text) * self.tokens_per_char)) + 1
+            must = step <= self.floor
+            if not must and self.used + est > self.budget:
+                held_back = True
+                break  # later entries are later steps: the budget holds them all back
+            needed = needed or must
+            f.sched += 1
+            f.sched_tokens += est
+            slot.est = est
+            self.used += est
+            est_total += est
+            call.append(slot)
+            if self.warm:  # the feed's next document, now further ahead
+                entry = self._entry(f.lane, f.source, f)
+                if entry is not None:
+                    heapq.heappush(heap, entry)
+        if call and not needed and held_back and not cached and est_total < self.budget // 4:
+            # Only a little speculative work, held back by the budget: wait until
+            # more of it is free, so that calls stay large.
+            for slot in reversed(call):
+                self._unqueue(slot)
+            call = []
+        stats = self.stats
+        stats.lookahead_peak_tokens = max(stats.lookahead_peak_tokens, self.used)
+        return Plan(call, reads, cached)
+
+    def read_size(self) -> int:
+        """Documents per read: a few before the first batch; then each feed's share
+        of the lookahead budget (32 to 256), so that text read ahead follows the
+        budget too."""
+        if not self.warm:
+            return 2
+        per_doc = self.stats.tokens_per_doc()
+        feeds = sum(len(ld.feeds) for ld in self.lanes) or 1
+        # At least 32: many lanes would otherwise read a few lines per call.
+        return int(min(256, max(32, self.budget / feeds / max(per_doc, 1.0))))
+
+    def _entry(self, ld: LaneDemand, k: int, f: Feed) -> tuple | None:
+        """Heap entry (step, lane order, offset, seq, feed) for the feed's next work."""
+        if f.dead or f.error is not None:
+            return None
+        if f.sched >= len(f.slots) and not f.can_read():
+            return None  # nothing to tokenize and nothing to read now
+        if f in self.waiting and f.sched == 0:
+            return (-1, ld.order, 0, next(self._seq), f)
+        if not ld.shares[k]:
+            return None  # paused in this lane: only a lane that waits on it is served
+        if self.warm:
+            # Lookahead: estimated from the lane's real offset and the tokens this
+            # feed already holds, at the source's share. Replaying the mixer here
+            # would cost as much per document as the lane's own mixing, and a lane
+            # that does need a document first waits on it and is served above.
+            est = ld.estimate(k, f, self.stats)
+            step = self.steps.step_of(est)
+            if step > self.floor + self.horizon:
+                # Too far ahead: without this, a feed whose partner is still being
+                # read would take the whole budget for steps nobody needs yet.
+                return None
+            return (step, ld.order, est, next(self._seq), f)
+        if not (ld.frontier == k and ld.sim_idx[k] == f.sched):
+            return None  # before the first batch only the exact next documents
+        est = ld.sim_offset
+        step = self.steps.step_of(est)
+        if step > self.floor:
+            return None
+        return (step, ld.order, est, next(self._seq), f)
+
+    def _serve_cached(self, f: Feed, slot: Slot) -> bool:
+        """Serve a long document from the cache, if it is there."""
+        ids = self.cache.get(f.source, slot.doc_id)
+        if ids is None:
+            return False
+        slot.ids, slot.text = ids, None
+        f.sched += 1
+        f.sched_tokens += len(ids)
+        self.used += len(ids)
+        self.stats.docs_from_cache += 1
+        self.stats.tokens_from_cache += len(ids)
+        f.lane.dirty = True
+        return True
+
+    def _unqueue(self, slot: Slot) -> None:
+        """Give back the last slot queued on its feed (a call undone in reverse order)."""
+        slot.feed.sched -= 1
+        slot.feed.sched_tokens -= slot.est
+        self.used -= slot.est
+        slot.est = 0

@@ -1,0 +1,172 @@
+"""Producing a rank's batches: lanes started, replayed, assembled, read ahead.
+
+Each lane starts from a flush point and replays the rows the trainer had
+already consumed after it; then every step takes the same number of rows from
+each of the rank's lanes, in lane order, and hashes each lane's rows. A
+background thread may produce steps ahead of the trainer (prefetch); it never
+changes a byte, only when a batch is ready. Nothing runs before `start`, so a
+loader built and then restored does no wasted work.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+import numpy as np
+
+from zephon.batch import Batch, rows_to_batch
+from zephon.context import PipelineContext
+from zephon.digest import rows_digest
+from zephon.errors import StateError
+from zephon.flush_log import FlushPoint
+from zephon.lane import LaneStream
+
+END = object()  # the data ended (a `stop` source ran dry)
+
+Produced = tuple[Batch, dict[int, list[FlushPoint]]]
+
+
+class BatchProducer:
+    """The rank's lanes from their start points on, and the batches they make.
+
+    Args:
+        ctx: what the lanes share.
+        starts: per lane, (flush point, rows to replay after it).
+        step: the step the trainer continues at.
+        rows_per_lane: rows each lane gives per step.
+        prefetch: steps produced ahead of the trainer (0: on the trainer's thread).
+        traces: per lane, a list to record (source, document) of packed documents.
+    """
+
+    def __init__(
+        self,
+        ctx: PipelineContext,
+        starts: dict[int, tuple[FlushPoint, int]],
+        step: int,
+        rows_per_lane: int,
+        prefetch: int,
+        traces: dict[int, list[tuple[int, int]]] | None,
+    ):
+        self.ctx, self.starts, self.step = ctx, starts, step
+        self.rows_per_lane, self.prefetch, self.traces = rows_per_lane, prefetch, traces
+        self.source_names = tuple(s.name for s in ctx.recipe.sources)
+        self.started = False
+        self.lanes: list[LaneStream] = []
+        self.produced_step = step
+        self.replay = {"rows": 0, "docs_packed": 0, "docs_tokenized": 0, "tokens_tokenized": 0}
+        self.first_batch: dict[str, int] | None = None
+        self._thread: threading.Thread | None = None
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(prefetch, 1))
+        self._stop = threading.Event()
+
+    def start(self) -> dict[int, list[FlushPoint]]:
+        """Build the lanes, replay each to its consumed row and begin prefetching.
+        Returns the flush points the lanes passed while replaying."""
+        self.started = True
+        scheduler = self.ctx.scheduler
+        # Replayed rows and the first batch are all "needed" work for the scheduler.
+        scheduler.set_floor(self.step)
+        traces = self.traces
+        self.lanes = [
+            LaneStream(self.ctx, lane, flush, traces[lane] if traces else None)
+            for lane, (flush, _) in self.starts.items()
+        ]
+        consumed = self.step * self.rows_per_lane
+        passed = {}
+        for lane in self.lanes:
+            skip = self.starts[lane.lane][1]
+            for _ in range(skip):  # replay: rebuild and drop rows already consumed
+                if lane.next_row() is None:
+                    raise StateError(
+                        f"lane {lane.lane}: data ended while replaying to row {consumed}"
+                    )
+            self.replay["rows"] += skip
+            self.replay["docs_packed"] += lane.docs_packed
+            passed[lane.lane] = lane.take_flushes()
+        stats = scheduler.stats()
+        self.replay["docs_tokenized"] = stats["docs_tokenized"] + stats["docs_pretokenized"]
+        self.replay["tokens_tokenized"] = stats["tokens_tokenized"] + stats["tokens_pretokenized"]
+        if self.prefetch > 0:
+            self._thread = threading.Thread(target=self._run, name="zephon-prefetch", daemon=True)
+            self._thread.start()
+        return passed
+
+    def next(self) -> Produced | BaseException | object:
+        """The next step's batch and flush points; END once a lane ran dry; an
+        exception raised on the prefetch thread is returned, not raised."""
+        if self._thread is not None:
+            return self._queue.get()
+        item = self.produce()
+        return END if item is None else item
+
+    def produce(self) -> Produced | None:
+        """Assemble the next step from every lane, in lane order; None at the end."""
+        r, row_len = self.rows_per_lane, self.ctx.row_len
+        n = len(self.lanes) * r
+        scheduler = self.ctx.scheduler
+        scheduler.set_floor(self.produced_step)
+        tokens = np.empty((n, row_len), dtype=np.int32)
+        positions = np.empty((n, row_len), dtype=np.int32)
+        src_tokens = np.zeros(len(self.source_names), dtype=np.int64)
+        src_docs = np.zeros(len(self.source_names), dtype=np.int64)
+        digests, flushes = [], {}
+        for i, lane in enumerate(self.lanes):
+            for k in range(r):
+                row = lane.next_row()
+                if row is None:
+                    return None
+                tokens[i * r + k], positions[i * r + k] = row
+                assert lane.last_sources is not None
+                src_tokens += lane.last_sources[0]
+                src_docs += lane.last_sources[1]
+            digests.append(rows_digest(tokens[i * r : (i + 1) * r], positions[i * r : (i + 1) * r]))
+            flushes[lane.lane] = lane.take_flushes()
+        if self.first_batch is None:
+            # Work done before the first batch was assembled (replay included).
+            stats = scheduler.set_warm()
+            self.first_batch = {
+                "docs_tokenized": stats["docs_tokenized"],
+                "tokens_tokenized": stats["tokens_tokenized"],
+                "docs_pretokenized": stats["docs_pretokenized"],
+                "tokens_pretokenized": stats["tokens_pretokenized"],
+                "docs_read": stats["docs_read"],
+                "row_tokens": int((positions >= 0).sum()),
+            }
+        batch = rows_to_batch(self.produced_step, tokens, positions, digests)
+        batch.source_tokens, batch.source_docs = src_tokens, src_docs
+        batch.source_names = self.source_names
+        self.produced_step += 1
+        return batch, flushes
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                item = self.produce()
+                if not self._put(END if item is None else item) or item is None:
+                    return
+        except BaseException as exc:  # handed to the trainer's thread, raised there
+            self._put(exc)
+
+    def stop(self) -> None:
+        """Stop the prefetch thread (what it produced ahead is dropped)."""
+        if self._thread is not None:
+            self._stop.set()
+            while self._thread.is_alive():
+                try:
+                    self._queue.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+            self._thread.join()
+            self._thread = None
+        self.lanes = []
