@@ -1,4 +1,4 @@
-"""The recipe digest takes a new setting only when a recipe sets it (DESIGN §11).
+"""The recipe digest takes a new setting only when a recipe sets it (docs/design.md §11).
 
 Fields that existed when digests were first pinned always enter the digest;
 the list below pins them, so a field added later cannot be marked "always" by

@@ -29,7 +29,7 @@ PACKERS = ("concat", "best_fit")
 BAD_RECORDS = ("error", "drop")
 
 
-# How a field enters the recipe's identity digest (DESIGN §11, docs/design.md
+# How a field enters the recipe's identity digest (docs/design.md §11,
 # "Compatibility"). Fields that existed when digests were first pinned always
 # enter, so those digests stay what they were; a field added later enters only
 # when it is not at its default, so learning a new setting never changes the
@@ -130,7 +130,7 @@ class TokenizerSpec:
     add_bos: bool | None = None  # prepend BOS to every document
 
     def non_default(self) -> dict[str, Any]:
-        """Only the fields that were set: what enters the recipe digest (DESIGN §11)."""
+        """Only the fields that were set: what enters the recipe digest (docs/design.md §11)."""
         return identity_of(self)
 
 

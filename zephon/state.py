@@ -38,7 +38,7 @@ def make_fingerprint(
         "recipe": recipe.digest(),
         "sources": {s.name: r.num_docs for s, r in zip(recipe.sources, readers, strict=True)},
         "tokenizer": tok.fingerprint,
-        # Only when a special token differs from the bare tokenizer.json's (DESIGN §11).
+        # Only when a special token differs from the bare tokenizer.json's (docs/design.md §11).
         **({"tokenizer_choices": tok.choices} if tok.choices else {}),
         "seq_len": seq_len,
         "global_batch_size": global_batch_size,

@@ -43,7 +43,7 @@ class TokenizerInfo:
     choices: dict[str, Any] | None = None
     """The special tokens chosen, when they differ from what a bare tokenizer.json
     gives (EOS and PAD found by name, no BOS); None otherwise, so the fingerprint
-    of every run that worked before stays the same (DESIGN §11)."""
+    of every run that worked before stays the same (docs/design.md §11)."""
 
 
 def tokenizer_file(path: str | os.PathLike[str]) -> str:
