@@ -432,3 +432,20 @@ def test_webdataset_on_s3_reads_headers_by_ranges(
     remote_parts = _reader(tmp_path, 'path = "s3://wds/part-*.tar"\n', storage_table)
     assert _pairs(remote_parts.read_docs([4, 0, 2])) == [expected[i] for i in (4, 0, 2)]
     assert _pairs(remote_parts.read_range(0, 5)) == expected
+
+
+def test_validate_describes_image_sources(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from zephon.cli import main
+
+    paths, _ = _shards(tmp_path)
+    pq.write_table(pa.table({"im": [jpeg(8, 8)], "t": ["x"]}), tmp_path / "a.parquet")
+    recipe = _recipe(
+        tmp_path,
+        f'path = "{paths[0].parent}/*.tar"\nimage_field = "png"\n'
+        f'[[source]]\nname = "p"\npath = "a.parquet"\nimage_field = "im"\ntext_field = "t"\n',
+        "[recipe]\nlanes = 2\n",
+    )
+    assert main(["validate", str(recipe)]) == 0
+    out = capsys.readouterr().out
+    assert "s: webdataset, 2 file(s), 5 docs, image member png with text from txt or json" in out
+    assert "p: parquet, 1 file(s), 1 docs, image 'im' with text 't'" in out
