@@ -309,7 +309,9 @@ def test_patch_order_round_trip_and_window_layout() -> None:
 # --------------------------------------------------------------------------- canary
 
 
-def test_canary_is_stable_and_follows_settings_and_decoders(tmp_path: Path) -> None:
+def test_canary_is_stable_and_follows_settings_and_decoders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     here = decode_canary(SPEC)
     again = decode_canary(SPEC)
     assert here == again and len(here["digest"]) == 64
@@ -320,6 +322,12 @@ def test_canary_is_stable_and_follows_settings_and_decoders(tmp_path: Path) -> N
         ImageSpec(min_pixels=28 * 28 * 40),
     ):
         assert decode_canary(changed)["digest"] != here["digest"], changed
+    # another resampler (as another Pillow build might be): same grids, other patches
+    from zephon.images import resize
+
+    with monkeypatch.context() as m:
+        m.setattr(resize, "RESAMPLE", Image.Resampling.BILINEAR)
+        assert decode_canary(SPEC)["digest"] != here["digest"]
     # other pixels from the same files (as another decoder build would give) change it
     folder = tmp_path / "canary"
     shutil.copytree(CANARY_DIR, folder)
