@@ -257,7 +257,7 @@ def test_parquet_image_column_raw_bytes_and_struct(tmp_path: Path) -> None:
     ):
         _reader(tmp_path, f'path = "{bad}"\nimage_field = "image"\ntext_field = "caption"\n')
     with pytest.raises(
-        DataError, match=r"column 'url' has type string; expected binary .*URLs or paths"
+        DataError, match=r"column 'url' has type string; expected images \(binary .*URLs or paths"
     ):
         _reader(tmp_path, f'path = "{bad}"\nimage_field = "url"\ntext_field = "caption"\n')
 
@@ -334,7 +334,7 @@ def test_interleaved_documents(tmp_path: Path) -> None:
         reader.read_range(1, 2)
     with pytest.raises(
         DataError,
-        match=r"column 'urls' has type list<.*string>; expected a list of binary.*URLs",
+        match=r"column 'urls' has type list<.*string>; expected a list of images \(binary.*URLs",
     ):
         _reader(tmp_path, f'path = "{bad}"\ntexts_field = "texts"\nimages_field = "urls"\n')
 

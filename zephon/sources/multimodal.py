@@ -96,29 +96,23 @@ class TableRecords:
                 raise DataError(f"{label}: no column '{name}' (columns: {', '.join(names)})")
         first, second = (schema.field(c).type for c in self.columns)
         if self.interleaved:
-            checks = [
-                (self.spec.texts_field, first, _list_of(first, _text_type_ok), "a list of strings"),
-                (
-                    self.spec.images_field,
-                    second,
-                    _list_of(second, _image_type_ok),
-                    f"a list of {_IMAGE_TYPE}",
-                ),
+            checks = [  # (column, its type, readable, what was expected, holds images)
+                (self.columns[0], first, _list_of(first, _text_type_ok), "a list of strings", 0),
+                (self.columns[1], second, _list_of(second, _image_type_ok), "a list of images", 1),
             ]
         else:
             checks = [
-                (self.spec.image_field, first, _image_type_ok(first), _IMAGE_TYPE),
-                (self.spec.text_field, second, _text_type_ok(second), "strings"),
+                (self.columns[0], first, _image_type_ok(first), "images", 1),
+                (self.columns[1], second, _text_type_ok(second), "strings", 0),
             ]
-        for name, kind, ok, expected in checks:
+        for name, kind, ok, expected, images in checks:
             if not ok:
                 # OBELICS and many caption sets hold image URLs: say why those cannot work
-                hint = " (URLs or paths? the image bytes must be in the table)"
-                urls = name != self.spec.text_field and name != self.spec.texts_field
-                urls = urls and "string" in str(kind)
+                urls = images and "string" in str(kind)
                 raise DataError(
                     f"{label}: column '{name}' has type {kind}; expected {expected}"
-                    + (hint if urls else "")
+                    + (f" ({_IMAGE_TYPE})" if images else "")
+                    + (" - URLs or paths? the image bytes must be in the table" if urls else "")
                 )
 
     def doc(self, values: list[Any], where: str) -> MultimodalDoc:
