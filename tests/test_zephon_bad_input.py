@@ -155,7 +155,7 @@ RECIPE_CASES: dict[str, tuple[str, list[str]]] = {
     "bad-format": (
         HEADER + SOURCE_A + 'format = "csvx"\n',
         [
-            "source 'a'.format: expected one of auto, jsonl, parquet, hf_disk, hf, tokens; got 'csvx'"
+            "source 'a'.format: expected one of auto, jsonl, parquet, hf_disk, hf, tokens, webdataset; got 'csvx'"
         ],
     ),
     "unguessable-format": (
