@@ -13,6 +13,10 @@ Standard-library files are read and parsed with ``ast``, never imported.  The
 build is deterministic (sorted file order, no randomness, fixed gzip headers),
 so the same Python installation always gives the same bytes.
 
+Beside the text, a small generated image-caption corpus (``sample_images.py``:
+seeded scenes of coloured shapes with captions that describe them), whose
+bytes are fixed for a given Python and Pillow build.
+
 Layout under ``--out`` (default ``data/sample``)::
 
     prose/part-0000{0..3}.jsonl          training prose, plain JSONL
@@ -20,6 +24,9 @@ Layout under ``--out`` (default ``data/sample``)::
     code_parquet/part-0000{0..3}.parquet the same code documents, Parquet
     prose_hf/                            the training prose, Dataset.save_to_disk
     val/prose.jsonl, val/code.jsonl      held-out documents (never in training)
+    images/part-0000{0..3}.tar           captioned images, WebDataset shards
+    images_interleaved/part-00000.parquet  interleaved text-and-image documents
+    val/images.tar                       held-out captioned images
     MANIFEST.json                        written last; marks a complete build
 
 Each document is ``{"id": "<kind>-NNNNNN", "text": "..."}``.  A document is
@@ -37,6 +44,7 @@ import argparse
 import ast
 import gzip
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -51,10 +59,11 @@ import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from zephon.files import atomic_write
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the image corpus
 NUM_SHARDS = 4
 PARQUET_ROW_GROUP_SIZE = 256
 MIN_DOCSTRING_CHARS = 200
@@ -65,7 +74,18 @@ VAL_EVERY = {"prose": 10, "code": 25}
 SKIP_DIRS = frozenset(
     {"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"}
 )
-OUTPUT_ENTRIES = frozenset({"prose", "code", "code_parquet", "prose_hf", "val", "MANIFEST.json"})
+OUTPUT_ENTRIES = frozenset(
+    {
+        "prose",
+        "code",
+        "code_parquet",
+        "prose_hf",
+        "val",
+        "images",
+        "images_interleaved",
+        "MANIFEST.json",
+    }
+)
 MANIFEST_NAME = "MANIFEST.json"
 
 _DEF_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -78,6 +98,16 @@ _LINE_RE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 class Doc:
     id: str
     text: str
+
+
+def _sample_images() -> ModuleType:
+    """scripts/sample_images.py, loaded by path (this file may itself be loaded so)."""
+    path = Path(__file__).resolve().with_name("sample_images.py")
+    spec = importlib.util.spec_from_file_location("sample_images", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def python_version() -> str:
@@ -264,6 +294,13 @@ def write_hf(path: Path, docs: list[Doc]) -> None:
     ds.save_to_disk(str(path))
 
 
+def _pillow_version() -> str:
+    """The image files' bytes depend on the Pillow build that encoded them."""
+    import PIL
+
+    return PIL.__version__
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -348,6 +385,8 @@ def build(out: Path) -> dict:
     hf_data = sorted((stage / "prose_hf").glob("*.arrow"))
     for path in hf_data:  # a single shard at this size
         doc_counts[path.relative_to(stage).as_posix()] = len(prose_train)
+    image_counts = _sample_images().build_images(stage)
+    doc_counts.update(image_counts)
 
     files: dict[str, dict] = {}
     for path in sorted(p for p in stage.rglob("*") if p.is_file()):
@@ -378,6 +417,7 @@ def build(out: Path) -> dict:
             "pydoc_topics": stats["topics"],
         },
         "validation": {"rule": "sha256(id)[:8] as big-endian int % every == 0", "every": VAL_EVERY},
+        "images": {"pillow": _pillow_version(), "documents": image_counts},
         "folders": {
             name: {
                 "documents": len(docs),
@@ -426,6 +466,9 @@ def main(argv: list[str] | None = None) -> int:
             f"  {name:<13} {info['documents']:>6} docs  {info['text_bytes'] / 1e6:6.2f} MB text"
             f"  {info['file_bytes'] / 1e6:6.2f} MB on disk"
         )
+    for rel, docs in manifest["images"]["documents"].items():
+        size = manifest["files"][rel]["bytes"]
+        print(f"  {rel:<37} {docs:>4} docs  {size / 1e6:6.2f} MB")
     return 0
 
 

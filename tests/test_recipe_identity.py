@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from zephon.recipe import (
     ALWAYS,
     NEVER,
+    ImageSpec,
     MixtureSpec,
     PackingSpec,
     ShuffleSpec,
@@ -36,6 +37,7 @@ PINNED_ALWAYS = {
     ShuffleSpec: {"enabled", "block_size"},
     PackingSpec: {"algorithm", "open_bins", "flush_interval"},
     TokenizerSpec: set(),
+    ImageSpec: set(),
 }
 
 

@@ -82,7 +82,7 @@ RECIPE_CASES: dict[str, tuple[str, list[str]]] = {
         HEADER + SOURCE_A + '[packign]\nalgorithm = "concat"\n',
         [
             "[recipe file] has unknown key(s): packign",
-            "expected only: execution, mixture, packing, recipe, shuffle, source, storage",
+            "expected only: execution, image, mixture, packing, recipe, shuffle, source, storage",
         ],
     ),
     "unknown-packing-key": (
@@ -155,7 +155,7 @@ RECIPE_CASES: dict[str, tuple[str, list[str]]] = {
     "bad-format": (
         HEADER + SOURCE_A + 'format = "csvx"\n',
         [
-            "source 'a'.format: expected one of auto, jsonl, parquet, hf_disk, hf, tokens; got 'csvx'"
+            "source 'a'.format: expected one of auto, jsonl, parquet, hf_disk, hf, tokens, webdataset; got 'csvx'"
         ],
     ),
     "unguessable-format": (

@@ -12,7 +12,7 @@ from zephon.digest import global_batch_digest
 from zephon.errors import ZephonError
 from zephon.layout import plan_layout
 from zephon.loader import ZephonLoader
-from zephon.recipe import Recipe, load_recipe
+from zephon.recipe import Recipe, SourceSpec, load_recipe
 from zephon.shuffle import SourcePlan
 from zephon.sources import SourceReader
 from zephon.state import load_file
@@ -75,6 +75,8 @@ def cmd_validate(a: argparse.Namespace) -> int:
         kind = (
             f"pretokenized '{s.token_field or 'token arrays'}'"
             if s.pretokenized
+            else _image_kind(s)
+            if s.multimodal
             else f"text '{s.text_field}'"
         )
         blocks = (
@@ -95,6 +97,16 @@ def cmd_validate(a: argparse.Namespace) -> int:
         return _scan(recipe, tok.vocab_size, a.scan_workers)
     print("ok")
     return 0
+
+
+def _image_kind(s: SourceSpec) -> str:
+    """What a source with images holds, in the words of its recipe fields."""
+    if s.images_field:
+        return f"interleaved texts '{s.texts_field}' and images '{s.images_field}'"
+    if s.format == "webdataset":
+        image = s.image_field or "jpg/jpeg/png/webp"
+        return f"image member {image} with text from txt or json '{s.text_field}'"
+    return f"image '{s.image_field}' with text '{s.text_field}'"
 
 
 def _scan(recipe: Recipe, vocab_size: int, workers: int | None) -> int:

@@ -21,3 +21,8 @@ class LayoutError(ZephonError):
 
 class StateError(ZephonError):
     """A checkpointed loader state cannot be restored into this run."""
+
+
+class ImageError(DataError):
+    """An image record cannot be decoded as the recipe's pixel definition requires
+    (not an image, truncated, too many pixels...); the message names the record."""

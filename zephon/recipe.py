@@ -21,7 +21,10 @@ from typing import Any
 
 from zephon.errors import RecipeError, ZephonError
 
-FORMATS = ("jsonl", "parquet", "hf_disk", "hf", "tokens")
+FORMATS = ("jsonl", "parquet", "hf_disk", "hf", "tokens", "webdataset")
+# Formats whose records may hold images, and the image members a WebDataset sample may have.
+IMAGE_FORMATS = ("webdataset", "parquet", "hf_disk", "hf")
+WDS_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 HF_BUILDERS = ("json", "parquet", "csv", "text", "arrow")
 EXHAUSTION = ("repeat", "stop")
 MIX_UNITS = ("tokens", "documents")
@@ -75,10 +78,21 @@ class SourceSpec:
     # fsspec options for remote paths, as JSON ([storage] merged with the source's
     # storage_options). How the data is reached, not what it is: kept out of the digest.
     storage: str = field(default="", metadata=NEVER)
+    # Image-text records (zephon/sources/multimodal.py). Parquet / Hugging Face: the
+    # column of image bytes; WebDataset: which image member to take ("" = the one there is).
+    image_field: str = ""
+    # Interleaved documents (OBELICS style): parallel list columns, nulls where the other is.
+    texts_field: str = ""
+    images_field: str = ""
 
     @property
     def pretokenized(self) -> bool:
         return bool(self.token_field) or self.format == "tokens"
+
+    @property
+    def multimodal(self) -> bool:
+        """Documents are MultimodalDoc records (text and image segments), not text."""
+        return self.format == "webdataset" or bool(self.image_field or self.images_field)
 
     @property
     def storage_options(self) -> dict[str, Any]:
@@ -117,6 +131,63 @@ class ExecutionSpec:
     cache_dir: str = ""  # where document indexes are cached ("" = user cache)
 
 
+# Pillow refuses images above twice its MAX_IMAGE_PIXELS (89478485) before we can.
+PILLOW_PIXEL_LIMIT = 2 * 89_478_485
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """How image records become pixels and patches (DESIGN §14; zephon/images/).
+
+    Every field decides pixels, so each enters the recipe digest, but only when
+    set (the fields were added after digests were pinned). The defaults: 14-pixel
+    patches merged 2 x 2 into one placeholder token, so an image is a whole number
+    of 28 x 28 windows; at least 4 windows (56 x 56 pixels) and at most 1024
+    (1024 placeholder tokens); images over 64 megapixels refused before decoding.
+    """
+
+    patch_size: int = 14
+    merge: int = 2  # merge x merge patches become one placeholder token
+    min_pixels: int = 4 * 28 * 28
+    max_pixels: int = 1024 * 28 * 28
+    max_decoded_pixels: int = 64_000_000  # larger images are refused from their header
+    background: tuple[int, int, int] = (255, 255, 255)  # under transparent pixels
+
+    def __post_init__(self) -> None:
+        """Bad values raise ValueError('field: what was expected, got value')."""
+        for name in ("patch_size", "merge", "min_pixels", "max_pixels", "max_decoded_pixels"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+        window = self.window * self.window
+        if self.max_pixels < window:
+            raise ValueError(
+                f"max_pixels: expected at least one merge window, (patch_size * merge)^2 = "
+                f"{window}, got {self.max_pixels}"
+            )
+        if self.min_pixels > self.max_pixels:
+            raise ValueError(
+                f"min_pixels: expected at most max_pixels ({self.max_pixels}), got {self.min_pixels}"
+            )
+        if self.max_decoded_pixels > PILLOW_PIXEL_LIMIT:
+            raise ValueError(
+                f"max_decoded_pixels: expected at most {PILLOW_PIXEL_LIMIT} (Pillow refuses "
+                f"larger images itself), got {self.max_decoded_pixels}"
+            )
+        bg = self.background
+        if not (
+            isinstance(bg, tuple)
+            and len(bg) == 3
+            and all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= 255 for c in bg)
+        ):
+            raise ValueError(f"background: expected three integers 0..255 (R, G, B), got {bg!r}")
+
+    @property
+    def window(self) -> int:
+        """Side in pixels of one merge window: both sides of a resized image are multiples."""
+        return self.patch_size * self.merge
+
+
 @dataclass(frozen=True)
 class TokenizerSpec:
     """Overrides of the special tokens a tokenizer (file or folder) gives.
@@ -146,6 +217,7 @@ class Recipe:
     packing: PackingSpec = field(default_factory=PackingSpec)
     execution: ExecutionSpec = field(default_factory=ExecutionSpec)
     tokenizer: TokenizerSpec = field(default_factory=TokenizerSpec)
+    image: ImageSpec = field(default_factory=ImageSpec)
     bad_records: str = "error"
     """What an unreadable record does: stop the run, or become an empty document.
     A policy, not data identity: kept out of the digest so it may change on resume."""
@@ -173,6 +245,8 @@ class Recipe:
         }
         if self.tokenizer.non_default():  # absent when unset: old digests stay valid
             identity["tokenizer"] = self.tokenizer.non_default()
+        if identity_of(self.image):  # likewise
+            identity["image"] = identity_of(self.image)
         return identity
 
     def digest(self) -> str:
@@ -302,6 +376,8 @@ def _guess_format(file: str, where: str, paths: tuple[str, ...]) -> str:
         return "parquet"
     if first.endswith(".tokens.npy"):
         return "tokens"
+    if first.endswith(".tar"):
+        return "webdataset"
     raise RecipeError(
         f"{file}: {where}.format: cannot guess the format of {first}; "
         f"set format = one of {', '.join(FORMATS)}"
@@ -333,6 +409,10 @@ def _parse_source(
         raise RecipeError(f"{file}: {t.where}.weight: expected a positive number, got {weight}")
     on_exhausted = t.choice("on_exhausted", EXHAUSTION, default_exhaust)
     hf_builder = t.choice("hf_builder", HF_BUILDERS)
+    image_field = t.get("image_field", str)
+    texts_field = t.get("texts_field", str)
+    images_field = t.get("images_field", str)
+    _check_image_fields(file, t.where, fmt, token_field, image_field, texts_field, images_field)
     t.finish()
     return SourceSpec(
         name=name,
@@ -344,7 +424,53 @@ def _parse_source(
         on_exhausted=on_exhausted,
         hf_builder=hf_builder,
         storage=json.dumps(storage, sort_keys=True) if storage else "",
+        image_field=image_field,
+        texts_field=texts_field,
+        images_field=images_field,
     )
+
+
+def _check_image_fields(
+    file: str, where: str, fmt: str, token_field: str, image: str, texts: str, images: str
+) -> None:
+    """The image fields of a source fit its format and each other."""
+
+    def err(key: str, msg: str) -> RecipeError:
+        return RecipeError(f"{file}: {where}.{key}: {msg}")
+
+    given = [
+        k
+        for k, v in (("image_field", image), ("texts_field", texts), ("images_field", images))
+        if v
+    ]
+    if given and fmt not in IMAGE_FORMATS:
+        raise err(
+            given[0],
+            f"format {fmt!r} holds text only; image fields need format {', '.join(IMAGE_FORMATS)}",
+        )
+    if token_field and (given or fmt == "webdataset"):
+        raise err("token_field", "pretokenized ids cannot be combined with images")
+    if fmt == "webdataset":
+        if texts or images:
+            raise err(
+                given[-1], "a WebDataset sample holds one image and one text; use image_field"
+            )
+        if image and image not in WDS_IMAGE_EXTS:
+            raise err(
+                "image_field",
+                f"expected the image member's extension, one of {', '.join(WDS_IMAGE_EXTS)}; "
+                f"got {image!r}",
+            )
+    if bool(texts) != bool(images):
+        raise err(
+            given[0], "interleaved documents need both texts_field and images_field (list columns)"
+        )
+    if image and images:
+        raise err(
+            "image_field",
+            "image_field (one image per record) and images_field (interleaved documents) "
+            "exclude each other",
+        )
 
 
 def _parse_storage(file: str, raw: Any) -> dict[str, Any]:
@@ -362,6 +488,28 @@ def _parse_storage(file: str, raw: Any) -> dict[str, Any]:
         out["cache_limit_gb"] = limit
     t.finish()
     return out
+
+
+def _parse_image(file: str, raw: Any) -> ImageSpec:
+    """[image]: pixel settings; the background as [R, G, B] or "#rrggbb"."""
+    t = _Table(file, "image", raw, ImageSpec)
+    values = {
+        k: t.get(k, int)
+        for k in ("patch_size", "merge", "min_pixels", "max_pixels", "max_decoded_pixels")
+    }
+    bg = t.get("background", (list, str))
+    if isinstance(bg, str):
+        hex_digits = bg[1:] if bg.startswith("#") else ""
+        if len(hex_digits) != 6 or any(c not in "0123456789abcdefABCDEF" for c in hex_digits):
+            raise RecipeError(
+                f'{file}: image.background: expected "#rrggbb" or [R, G, B], got {bg!r}'
+            )
+        bg = [int(hex_digits[i : i + 2], 16) for i in (0, 2, 4)]
+    t.finish()
+    try:
+        return ImageSpec(**values, background=tuple(bg))
+    except ValueError as exc:
+        raise RecipeError(f"{file}: image.{exc}") from None
 
 
 def parse_recipe(data: dict[str, Any], file: str) -> Recipe:
@@ -422,6 +570,7 @@ def parse_recipe(data: dict[str, Any], file: str) -> Recipe:
     )
     k.finish()
 
+    image = _parse_image(file, top.get("image", dict, {}))
     storage = _parse_storage(file, top.get("storage", dict, {}))
     raw_sources = top.get("source", list, [])
     if not raw_sources:
@@ -449,6 +598,7 @@ def parse_recipe(data: dict[str, Any], file: str) -> Recipe:
         packing=packing,
         execution=execution,
         tokenizer=tokenizer,
+        image=image,
         bad_records=bad_records,
     )
 

@@ -1,6 +1,8 @@
 """Hugging Face datasets: saved with `save_to_disk` (`format = "hf_disk"`), or
 local files loaded through `datasets.load_dataset` (`format = "hf"`). Both are
-Arrow-backed, so a range of rows is a slice."""
+Arrow-backed, so a range of rows is a slice. Sources with images read their
+columns as Arrow (an `Image` feature stays undecoded: its `{bytes, path}`
+struct) and give each row as a MultimodalDoc (multimodal.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 
 from zephon.errors import DataError
 from zephon.recipe import SourceSpec
+from zephon.sources.multimodal import TableRecords
 from zephon.sources.values import check_value
 
 
@@ -38,6 +41,11 @@ class HFDataset:
             raise
         except Exception as exc:
             raise DataError(f"{label}: cannot load as a Hugging Face dataset: {exc}") from None
+        self.records = TableRecords(spec) if spec.multimodal else None
+        if self.records is not None:
+            self.records.check_schema(label, ds.data.schema)
+            self.ds = ds.select_columns(self.records.columns).with_format("arrow")
+            return
         if self.field not in ds.column_names:
             raise DataError(
                 f"{label}: no column '{self.field}' (columns: {', '.join(ds.column_names)})"
@@ -48,6 +56,13 @@ class HFDataset:
         return len(self.ds)
 
     def read(self, a: int, b: int) -> list[Any]:
+        if self.records is not None:
+            table = self.ds[a:b]
+            columns = [table.column(c).to_pylist() for c in self.records.columns]
+            return [
+                self.records.doc([col[k] for col in columns], f"{self.label}: row {a + k}")
+                for k in range(len(table))
+            ]
         values = self.ds[a:b][self.field]
         return [
             check_value(v, self.spec, f"{self.label}: row {a + k}") for k, v in enumerate(values)

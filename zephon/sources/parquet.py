@@ -1,6 +1,8 @@
 """Parquet files, read one row group at a time (never the whole file).
 
-Text columns become Python strings. Token-id columns (`token_field`, a list
+Text columns become Python strings. Sources with images (`image_field`, or
+`texts_field` and `images_field`) read those columns and give each row as a
+MultimodalDoc (multimodal.py). Token-id columns (`token_field`, a list
 of integers) stay in Arrow's layout: the list offsets and the flat values as
 numpy arrays, and each document is a numpy view of its slice, so there is no
 Python work per token. Remote files are opened through fsspec and pyarrow
@@ -17,6 +19,7 @@ import numpy as np
 
 from zephon.errors import DataError
 from zephon.recipe import SourceSpec
+from zephon.sources.multimodal import TableRecords
 from zephon.sources.spans import spans
 from zephon.sources.storage import ByteObject, is_remote
 from zephon.sources.values import check_value
@@ -34,6 +37,13 @@ class ParquetFile:
             meta = self._open()
         except Exception as exc:  # pyarrow raises several types for a bad file
             raise DataError(f"{self.path}: cannot open as Parquet: {exc}") from None
+        rows = [meta.metadata.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        self.group_starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        self._local = threading.local()
+        self.records = TableRecords(spec) if spec.multimodal else None
+        if self.records is not None:
+            self.records.check_schema(self.path, meta.schema_arrow)
+            return
         names = meta.schema_arrow.names
         if self.field not in names:
             raise DataError(f"{self.path}: no column '{self.field}' (columns: {', '.join(names)})")
@@ -46,9 +56,6 @@ class ParquetFile:
                 f"{self.path}: column '{self.field}' must be a list of non-negative "
                 f"token ids, got type {kind}"
             )
-        rows = [meta.metadata.row_group(i).num_rows for i in range(meta.num_row_groups)]
-        self.group_starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
-        self._local = threading.local()
 
     def _open(self) -> Any:
         import pyarrow.parquet as pq
@@ -63,12 +70,16 @@ class ParquetFile:
         if not hasattr(loc, "file"):
             loc.file, loc.groups = self._open(), OrderedDict()
         if g not in loc.groups:
-            col = loc.file.read_row_group(g, columns=[self.field]).column(0)
-            first = int(self.group_starts[g])
-            if self.spec.pretokenized:
-                loc.groups[g] = self._token_lists(col.combine_chunks(), first)
+            if self.records is not None:
+                table = loc.file.read_row_group(g, columns=self.records.columns)
+                loc.groups[g] = [table.column(c).to_pylist() for c in self.records.columns]
             else:
-                loc.groups[g] = col.to_pylist()
+                col = loc.file.read_row_group(g, columns=[self.field]).column(0)
+                first = int(self.group_starts[g])
+                if self.spec.pretokenized:
+                    loc.groups[g] = self._token_lists(col.combine_chunks(), first)
+                else:
+                    loc.groups[g] = col.to_pylist()
             while len(loc.groups) > self._CACHE_GROUPS:
                 loc.groups.popitem(last=False)
         return loc.groups[g]
@@ -106,7 +117,11 @@ class ParquetFile:
         out: list[Any] = []
         for g, g_start, lo, take in spans(self.group_starts, a, b):
             group = self._group(g)
-            if self.spec.pretokenized:
+            if self.records is not None:
+                for i in range(lo - g_start, take - g_start):
+                    where = f"{self.path}: row {g_start + i}"
+                    out.append(self.records.doc([col[i] for col in group], where))
+            elif self.spec.pretokenized:
                 offsets, values = group
                 out.extend(
                     values[offsets[i] : offsets[i + 1]] for i in range(lo - g_start, take - g_start)

@@ -1,8 +1,8 @@
 """SourceReader: all files of one recipe source, addressed by one document index.
 
 A reader exposes `spec`, `num_docs` and `read_range(start, end)`, the values
-(text, or token ids as a list or integer array) of documents [start, end) in
-file order. Readers are shared by all lanes and worker threads, so they keep
+(text; token ids as a list or integer array; or, for sources with images,
+a `MultimodalDoc`, see multimodal.py) of documents [start, end) in file order. Readers are shared by all lanes and worker threads, so they keep
 no cursor of their own: a lane's position is its own business (see lane.py).
 """
 
@@ -31,7 +31,7 @@ class SourceReader:
         if spec.format in ("hf", "hf_disk") and any(is_remote(p) for p in spec.paths):
             raise DataError(
                 f"source '{spec.name}': format '{spec.format}' reads local files only; "
-                "remote sources need format jsonl, parquet or tokens"
+                "remote sources need format jsonl, parquet, tokens or webdataset"
             )
         self.objects: list[ByteObject] = []
         if spec.format == "jsonl":
@@ -50,6 +50,11 @@ class SourceReader:
 
             self.objects = objects()
             parts = [TokenArrayFile(o, storage, cache) for o in self.objects]
+        elif spec.format == "webdataset":
+            from zephon.sources.webdataset import TarShard
+
+            self.objects = objects()
+            parts = [TarShard(o, spec, cache) for o in self.objects]
         elif spec.format == "hf_disk":
             from zephon.sources.hf import HFDataset
 

@@ -1,0 +1,41 @@
+"""Images for image-text training: encoded bytes in, uint8 patches out (DESIGN §14).
+
+Pure functions, no I/O beyond bytes in and arrays out, one job per module:
+
+- header:  what the header tells before decoding (size, EXIF orientation),
+           the decompression-bomb refusal and the decode peak in bytes;
+- decode:  the pixel definition, bytes -> RGB uint8 [H, W, 3];
+- resize:  the size an image gets (window multiples within a pixel budget)
+           and the one resample filter;
+- patches: [num_patches, 3 * p * p] uint8 in merge-window order, and back;
+- prepare: bytes -> patches for a worker, and the plan (grid, placeholder
+           tokens, decode peak) known from the header alone;
+- canary:  the decode canary that tells whether two machines make the same pixels.
+
+Settings come from the recipe's [image] table (zephon.recipe.ImageSpec).
+"""
+
+from zephon.images.canary import canary_mismatch, decode_canary, decoder_versions
+from zephon.images.decode import decode
+from zephon.images.header import ImageHeader, read_header
+from zephon.images.patches import from_patches, patch_positions, placeholder_count, to_patches
+from zephon.images.prepare import ImagePatches, ImagePlan, plan_image, prepare_image
+from zephon.images.resize import target_size
+
+__all__ = [
+    "ImageHeader",
+    "ImagePatches",
+    "ImagePlan",
+    "canary_mismatch",
+    "decode",
+    "decode_canary",
+    "decoder_versions",
+    "from_patches",
+    "patch_positions",
+    "placeholder_count",
+    "plan_image",
+    "prepare_image",
+    "read_header",
+    "target_size",
+    "to_patches",
+]
