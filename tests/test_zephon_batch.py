@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from zephon.batch import IGNORE_INDEX, rows_to_batch
+from zephon.images.batch import ImageBatch
 
 
 def batch_of(rows: int, padded: int = 0):
@@ -35,8 +35,31 @@ def test_padded_rows_fall_in_the_last_micro_batches():
         )
 
 
-def test_image_data_is_not_cut_silently():
+def _images() -> ImageBatch:
+    # three images: 4x4 patches in row 0 and row 2, 2x2 in row 3 (merge 2, patch 1)
+    grids = np.array([[4, 4], [2, 2], [4, 2]])
+    n = grids.prod(axis=1)
+    patches = np.concatenate([np.full((k, 3), i, dtype=np.uint8) for i, k in enumerate(n)])
+    return ImageBatch.from_numpy(patches, grids, [0, 2, 3], [1, 5, 0], patch_size=1, merge=2)
+
+
+def test_micro_batches_carry_the_images_of_their_rows():
     b = batch_of(4)
-    b.images = object()
-    with pytest.raises(NotImplementedError, match="image"):
-        b.micro_batches(2)
+    b.images = _images()
+    first, second = b.micro_batches(2)
+    assert first.images.num_images == 1 and second.images.num_images == 2
+    assert first.images.tokens().tolist() == [4]
+    assert second.images.rows.tolist() == [0, 1]  # rows renumbered within the micro-batch
+    assert second.images.starts.tolist() == [5, 0]
+    # each image keeps exactly its own patches
+    assert first.images.patches.unique().tolist() == [0] and len(first.images.patches) == 16
+    assert second.images.patches[:4].unique().tolist() == [1]
+    assert second.images.patches[4:].unique().tolist() == [2] and len(second.images.patches) == 12
+    assert second.images.patch_offsets().tolist() == [0, 4, 12]
+
+
+def test_rows_without_images_get_an_empty_image_batch():
+    b = batch_of(4)
+    b.images = _images()
+    empty = b.images.select_rows(1, 2)
+    assert empty.num_images == 0 and empty.patches.shape == (0, 3)

@@ -10,6 +10,8 @@ import numpy as np
 if TYPE_CHECKING:  # torch is imported on first use: the CLI starts faster without it
     import torch
 
+    from zephon.images.batch import ImageBatch
+
 IGNORE_INDEX = -100
 
 
@@ -35,7 +37,8 @@ class Batch:
     without phases).
     num_padded_rows: rows at the end whose labels are all IGNORE_INDEX, added
     so that every rank runs the same micro-steps (0 when ranks are even).
-    images: image data of the rows (vision-language records); None for text.
+    images: the images of the rows (`zephon.images.batch.ImageBatch`, in
+    canonical order); None for text-only rows.
     """
 
     step: int
@@ -48,7 +51,7 @@ class Batch:
     source_names: tuple[str, ...] = field(default_factory=tuple)
     phase: str | None = None
     num_padded_rows: int = 0
-    images: Any | None = None
+    images: ImageBatch | None = None
 
     @property
     def num_rows(self) -> int:
@@ -66,8 +69,6 @@ class Batch:
     def micro_batches(self, rows: int) -> list[Batch]:
         if rows <= 0 or self.num_rows % rows:
             raise ValueError(f"cannot cut {self.num_rows} rows into micro-batches of {rows}")
-        if self.images is not None:
-            raise NotImplementedError("cutting image data into micro-batches is not supported yet")
         real = self.num_rows - self.num_padded_rows  # padded rows come last
         return [
             Batch(
@@ -78,6 +79,7 @@ class Batch:
                 [],
                 phase=self.phase,
                 num_padded_rows=min(rows, max(0, i + rows - real)),
+                images=None if self.images is None else self.images.select_rows(i, i + rows),
             )
             for i in range(0, self.num_rows, rows)
         ]
