@@ -47,10 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from torchtitan.launch import ensure_sample_data, read_metrics, render_results  # noqa: E402
+from train_harness import REPO, ensure_sample_data, read_metrics, render_results
 
 STEPS, INTERVAL = 8, 2
 BASE = {

@@ -41,7 +41,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchtitan.launch import (
+from train_harness import (
     LOADERS,
     REPO,
     RunFailed,

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from torchtitan.launch import REPO, copy_checkpoint, ensure_sample_data, read_metrics, run_logged
+from train_harness import REPO, copy_checkpoint, ensure_sample_data, read_metrics, run_logged
 
 STEPS, K, LOSS_RTOL = 6, 3, 1e-4
 # name -> (processes, (replicate, shard, tp))

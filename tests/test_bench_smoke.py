@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from torchtitan.launch import ensure_sample_data
+from train_harness import ensure_sample_data
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "bench_pipeline.py"

@@ -7,9 +7,9 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from train_harness import REPO, ensure_sample_data
 
 from torchtitan.components.loss import cross_entropy_sum
-from torchtitan.launch import REPO, ensure_sample_data
 from torchtitan.models.llama3.args import get_model_args
 from torchtitan.models.llama3.flex import document_ids
 from torchtitan.models.llama3.model import Transformer

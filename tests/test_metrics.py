@@ -92,7 +92,7 @@ def test_tensorboard_only_when_enabled(tmp_path: Path) -> None:
 
 
 def test_validation_loss_is_written_at_full_precision(tmp_path):
-    from torchtitan.launch import read_validation
+    from train_harness import read_validation
 
     logger = MetricsLogger(val_jsonl_path=str(tmp_path / "validation.jsonl"))
     line = logger.log_validation(12, 7.204070567)

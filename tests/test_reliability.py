@@ -7,13 +7,13 @@ run_train.sh (a bad record on rank 1; a stopped rank)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import fault_injection as faults
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
@@ -217,24 +217,14 @@ def test_endless_validation_is_refused():
 # -- end to end through run_train.sh ----------------------------------------------------------------
 
 
-def _faults():
-    spec = importlib.util.spec_from_file_location("faults", REPO / "scripts" / "fault_injection.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.slow
 def test_bad_record_on_rank_1_reaches_the_console_once(tmp_path):
-    faults = _faults()
     outcome = faults.bad_record_rank1(faults.Ctx(tmp_path, 0, 240), 0)
     assert outcome.startswith("exit 2,") and "drop: ok" in outcome, outcome
 
 
 @pytest.mark.slow
 def test_stopped_rank_ends_the_job_naming_it(tmp_path):
-    faults = _faults()
     outcome = faults.stopped_rank(faults.Ctx(tmp_path, 0, 240), 0)
     assert outcome.startswith("exited in") and "naming rank 1" in outcome, outcome
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from torchtitan.launch import (  # noqa: F401  (re-exported for the tests)
+from train_harness import (  # noqa: F401  (re-exported for the tests)
     copy_checkpoint,
     ensure_sample_data,
     read_metrics,
