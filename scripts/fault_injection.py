@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -341,10 +342,14 @@ def stopped_rank(ctx: Ctx, trial: int) -> str:
     out = job.output()
     if code is None:
         return f"HUNG (> {timeout_s + 60}s)"
-    named = "rank 1" in out and "heartbeat" in out
-    if code == 1 and named and not leftovers:
-        return f"exited in {took:.0f}s naming rank 1"
-    return f"exit {code} after {took:.0f}s, named={named}, leftovers={leftovers}"
+    # The silence the watchdog measured: at least its timeout (never early), and
+    # within three of its checks (every 2 s) after it.
+    said = re.search(r"rank 1 \(host .*\) sent no heartbeat for (\d+)s", out)
+    silent = int(said.group(1)) if said else None
+    named = silent is not None
+    if code == 1 and named and not leftovers and timeout_s <= silent <= timeout_s + 6:
+        return f"exited in {took:.0f}s naming rank 1, silent {silent}s (timeout {timeout_s}s)"
+    return f"exit {code} after {took:.0f}s, silent {silent}s, named={named}, leftovers={leftovers}"
 
 
 def _bad_record_recipe(ctx: Ctx, drop: bool) -> tuple[Path, str]:
