@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from torchtitan.launch import REPO, read_metrics, torchrun_train
+# `python benchmarks/bench_gpu.py` puts benchmarks/ first on sys.path.
+from bench_trainer import read_metrics, run_train
 
 
 def main() -> None:
@@ -43,15 +44,14 @@ def main() -> None:
         nproc, config, shape = 2, "llama3_debugmodel.toml", []
         print("no CUDA device: running the debug model on 2 CPU processes (no MFU, no GPU memory)")
     args = [
-        "--job.config_file", str(REPO / "train_configs" / config),
         "--training.steps", str(a.steps), "--checkpoint.enable", "false",
         "--metrics.log_freq", "1", "--metrics.enable_tensorboard", "false", *shape, *a.extra,
     ]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        # The launcher hides GPUs by default (CPU tests); give them back here.
+        # run_train hides GPUs by default (CPU runs); give them back here.
         visible = os.environ.get("CUDA_VISIBLE_DEVICES") or ",".join(map(str, range(gpus)))
         env = {"CUDA_VISIBLE_DEVICES": visible, "OMP_NUM_THREADS": "4"} if gpus else None
-        proc = torchrun_train(nproc, Path(tmp), args, env=env)
+        proc = run_train(nproc, Path(tmp), config, args, env=env)
         if proc.returncode:
             sys.exit(f"training failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
         recs = [r for s, r in sorted(read_metrics(Path(tmp)).items()) if s > a.warmup]

@@ -2,6 +2,7 @@
 micro-batch (the default) versus `parallelism.defer_grad_sync = true`.
 
     .venv/bin/python benchmarks/bench_grad_memory.py [--micro-batches 4]
+    .venv/bin/python benchmarks/bench_grad_memory.py --render   # .md from the committed JSON
 
 Two CPU processes (gloo) shard a scaled-down Llama 3 shape with the trainer's
 own `parallelize_llama`, then accumulate gradients over micro-batches exactly
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "results"
@@ -111,7 +113,11 @@ def main() -> None:
     p.add_argument("--micro-batches", type=int, default=4)
     p.add_argument("--worker", choices=list(MODES), help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--render", action="store_true", help="no runs: grad_memory.json -> .md")
     a = p.parse_args()
+    if a.render:
+        render()
+        return
     if a.worker:
         worker(a.worker, a.micro_batches, a.out)
         return
@@ -129,15 +135,21 @@ def main() -> None:
             results.append(json.loads(out.read_text()))
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "grad_memory.json").write_text(json.dumps({"shape": SHAPE, "runs": results}, indent=1))
-    mib = 2**20
+    render()
+
+
+def page(doc: dict[str, Any]) -> str:
+    """The results page, from the raw results (grad_memory.json)."""
+    mib, runs = 2**20, doc["runs"]
     lines = [
-        f"Gradient memory per rank, {results[0]['parameters']:,}-parameter model, "
-        f"{results[0]['ranks']} CPU ranks, {a.micro_batches} micro-batches, fp32 gradients.",
+        f"Gradient memory per rank, {runs[0]['parameters']:,}-parameter model, "
+        f"{runs[0]['ranks']} CPU ranks, {len(runs[0]['per_micro_batch_bytes'])} micro-batches, "
+        "fp32 gradients.",
         "",
         "| mode | grads held after each micro-batch (MiB: sharded + unsharded) | peak grads MiB |",
         "|---|---|---|",
     ]
-    for r in results:
+    for r in runs:
         steps = ", ".join(
             f"{b['sharded'] / mib:.0f}+{b['unsharded'] / mib:.0f}"
             for b in r["per_micro_batch_bytes"]
@@ -146,11 +158,16 @@ def main() -> None:
     lines += [
         "",
         "Peak RSS growth during the micro-batches (in the JSON) is "
-        + ", ".join(f"{r['mode']} {r['peak_rss_growth_kib'] / 1024:.0f} MiB" for r in results)
+        + ", ".join(f"{r['mode']} {r['peak_rss_growth_kib'] / 1024:.0f} MiB" for r in runs)
         + "; it is dominated by activations and allocator caching, not by gradients.",
     ]
-    (OUT / "grad_memory.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return "\n".join(lines) + "\n"
+
+
+def render() -> None:
+    text = page(json.loads((OUT / "grad_memory.json").read_text()))
+    (OUT / "grad_memory.md").write_text(text)
+    print(text, end="")
 
 
 if __name__ == "__main__":

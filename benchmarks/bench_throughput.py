@@ -43,15 +43,15 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pipeline import batch_tokens, loadavg, machine_info  # noqa: E402
-from bench_scale import make_corpus  # noqa: E402
+# `python benchmarks/bench_throughput.py` puts benchmarks/ first on sys.path.
+from bench_pipeline import batch_tokens, loadavg, machine_info
+from bench_scale import make_corpus
 
-from zephon import ZephonLoader, load_recipe, load_tokenizer  # noqa: E402
-from zephon.recipe import Recipe  # noqa: E402
-from zephon.sources import SourceReader  # noqa: E402
-from zephon.sources.gzipped import clear_chunk_cache  # noqa: E402
-from zephon.tokenize import TokenizerInfo  # noqa: E402
+from zephon import ZephonLoader, load_recipe, load_tokenizer
+from zephon.recipe import Recipe
+from zephon.sources import SourceReader
+from zephon.sources.gzipped import clear_chunk_cache
+from zephon.tokenize import TokenizerInfo
 
 REPO = Path(__file__).resolve().parents[1]
 MARKERS = ("<!-- bench_throughput:begin -->", "<!-- bench_throughput:end -->")

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_trainer.py [--procs 1,2,4] [--steps 12] [-- extra trainer args]
 
-Runs the default job config through torchrun for each process count (one run
+Runs the default job config through run_train.sh for each process count (one run
 at a time), skips the first `--warmup` steps, and reports medians from each
 run's metrics.jsonl.
 """
@@ -10,20 +10,41 @@ run's metrics.jsonl.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from torchtitan.launch import REPO, read_metrics, torchrun_train
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_train(
+    nproc: int, dump: Path, config: str, args: list[str], env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`NGPU=nproc CONFIG_FILE=config ./run_train.sh ARGS`: the launch a user runs,
+    on CPU unless `env` gives GPUs back; output captured, never raises on failure."""
+    full_env = {
+        **os.environ, "NGPU": str(nproc), "CONFIG_FILE": str(REPO / "train_configs" / config),
+        "CUDA_VISIBLE_DEVICES": "", **(env or {}),
+    }  # fmt: skip
+    cmd = ["bash", str(REPO / "run_train.sh"), *args, "--job.dump_folder", str(dump)]
+    return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True)
+
+
+def read_metrics(dump: Path) -> dict[int, dict[str, Any]]:
+    """step -> the record the trainer logged for it in `metrics.jsonl`."""
+    path = dump / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return {int(r["step"]): r for r in map(json.loads, filter(str.strip, lines))}
 
 
 def run(nproc: int, steps: int, dump: Path, extra: list[str]) -> list[dict]:
-    args = [
-        "--job.config_file", str(REPO / "train_configs" / "llama3_debugmodel.toml"),
-        "--training.steps", str(steps), "--checkpoint.enable", "false", *extra,
-    ]  # fmt: skip
-    proc = torchrun_train(nproc, dump, args)
+    args = ["--training.steps", str(steps), "--checkpoint.enable", "false", *extra]
+    proc = run_train(nproc, dump, "llama3_debugmodel.toml", args)
     if proc.returncode:
         sys.exit(f"{nproc} processes failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     recs = read_metrics(dump)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchtitan.launch import (
+from train_harness import (
     LOADERS,
     REPO,
     RunFailed,

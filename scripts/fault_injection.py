@@ -2,7 +2,8 @@
 """Fault injection: break training runs the ways real jobs break, and check
 that every resume is either right or refused with a clear message.
 
-    .venv/bin/python scripts/fault_injection.py --out outputs/faults --trials 3 --seed 0
+    .venv/bin/python scripts/fault_injection.py --seeds 0,1,2,3,4 --trials 1
+    .venv/bin/python scripts/fault_injection.py --render docs/results/fault_injection.json
 
 Every run goes through `run_train.sh` (the launcher wrapper, 2 CPU processes,
 the debug model on the sample data). A reference run without faults gives
@@ -27,9 +28,14 @@ the digest of every step's global batch. Scenarios:
   the file:line on the console once, without a traceback; with
   `bad_records = "drop"` the run finishes and counts the dropped record.
 
-Prints a table (scenario, trials, outcome), writes `results.json` and
-`results.md` (generated from the JSON; `--render JSON` regenerates it) under --out, and exits 1 if any resume trained on wrong data or
-any damage was accepted silently (2 for any other unexpected outcome).
+Each seed draws its own kill moments and save steps; every scenario runs
+`--trials` times per seed, one seed after another, all against one reference
+run. Prints a table (scenario, trials, outcome), writes the raw results to
+`--results` (default docs/results/fault_injection.json) and, generated from
+them, the table beside it (.md) and, for the committed results, the README's
+copy between its `fault_injection` markers (`--render JSON` regenerates them).
+Run folders go under --out. Exits 1 if any resume trained on wrong data or any
+damage was accepted silently (2 for any other unexpected outcome).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -47,10 +54,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from train_harness import REPO, ensure_sample_data, read_metrics, render_results
 
-from torchtitan.launch import ensure_sample_data, read_metrics, render_results  # noqa: E402
+RESULTS = REPO / "docs" / "results" / "fault_injection.json"
+MARKERS = ("<!-- fault_injection:begin -->", "<!-- fault_injection:end -->")
 
 STEPS, INTERVAL = 8, 2
 BASE = {
@@ -344,10 +351,14 @@ def stopped_rank(ctx: Ctx, trial: int) -> str:
     out = job.output()
     if code is None:
         return f"HUNG (> {timeout_s + 60}s)"
-    named = "rank 1" in out and "heartbeat" in out
-    if code == 1 and named and not leftovers:
-        return f"exited in {took:.0f}s naming rank 1"
-    return f"exit {code} after {took:.0f}s, named={named}, leftovers={leftovers}"
+    # The silence the watchdog measured: at least its timeout (never early), and
+    # within three of its checks (every 2 s) after it.
+    said = re.search(r"rank 1 \(host .*\) sent no heartbeat for (\d+)s", out)
+    silent = int(said.group(1)) if said else None
+    named = silent is not None
+    if code == 1 and named and not leftovers and timeout_s <= silent <= timeout_s + 6:
+        return f"exited in {took:.0f}s naming rank 1, silent {silent}s (timeout {timeout_s}s)"
+    return f"exit {code} after {took:.0f}s, silent {silent}s, named={named}, leftovers={leftovers}"
 
 
 def _bad_record_recipe(ctx: Ctx, drop: bool) -> tuple[Path, str]:
@@ -449,41 +460,68 @@ def _good(outcome: str) -> bool:
 
 
 def table(results: list[dict[str, Any]]) -> str:
+    """One row per scenario: its trials over every seed and how they ended."""
     rows = ["| scenario | trials | outcome |", "|---|---|---|"]
     for r in results:
         counts: dict[str, int] = {}
-        for o in r["outcomes"]:
-            counts[o] = counts.get(o, 0) + 1
+        for t in r["trials"]:
+            counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
         text = "; ".join(f"{n}x {o}" for o, n in counts.items())
-        rows.append(f"| {r['scenario']} | {len(r['outcomes'])} | {text} |")
+        rows.append(f"| {r['scenario']} | {len(r['trials'])} | {text} |")
     return "\n".join(rows)
 
 
 def report(doc: dict[str, Any]) -> str:
     """The results page: the command, the setting and the table, from the raw JSON."""
+    seeds = ", ".join(str(s) for s in doc["seeds"])
     return (
         "# Fault injection\n\n"
         f"`.venv/bin/python {doc['command']}`: {doc['steps']} steps of the debug model on 2 CPU "
         f"processes through `run_train.sh`, a checkpoint every {doc['checkpoint_interval']} "
-        f"steps; {doc['wall_s']:.0f} s in all on a shared 2-core machine. Generated from "
-        "`fault_injection.json` (`scripts/fault_injection.py --render "
-        "docs/results/fault_injection.json`).\n\n" + table(doc["results"]) + "\n"
+        f"steps; seeds {seeds}, {doc['trials']} trial(s) per scenario and seed; "
+        f"{doc['wall_s']:.0f} s in all on a shared 2-core machine. Generated by "
+        "`scripts/fault_injection.py` from the raw results in the JSON beside this page "
+        "(`--render JSON` regenerates it).\n\n" + table(doc["results"]) + "\n"
     )
 
 
 def render(path: Path) -> int:
-    return render_results(path, report)
+    """The page beside a results JSON and, for the committed one, the README's table."""
+    code = render_results(path, report)
+    if code == 0 and path.resolve() == RESULTS.resolve():
+        readme = REPO / "README.md"
+        body, (begin, end) = readme.read_text(), MARKERS
+        if begin in body and end in body:
+            head, rest = body.split(begin, 1)
+            text = table(json.loads(path.read_text())["results"])
+            readme.write_text(head + begin + "\n" + text + "\n" + rest[rest.index(end) :])
+    return code
+
+
+def seed_list(text: str) -> list[int]:
+    """argparse type for seeds such as "0,1,2" (any integers)."""
+    try:
+        seeds = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not seeds:
+        raise argparse.ArgumentTypeError(f"expected at least one seed, got {text!r}")
+    return seeds
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", type=Path, default=REPO / "outputs" / "fault_injection")
-    p.add_argument("--trials", type=int, default=2, help="trials per scenario")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--results", type=Path, default=RESULTS, help="raw results JSON (.md beside)")
+    p.add_argument("--trials", type=int, default=2, help="trials per scenario and seed")
+    p.add_argument("--seeds", type=seed_list, default=[0], help="comma-separated, e.g. 0,1,2")
+    p.add_argument("--seed", type=lambda v: seed_list(v)[:1], dest="seeds", help="one seed")
     p.add_argument("--time-limit", type=float, default=1800, help="seconds; no new trial after")
     p.add_argument("--run-timeout", type=float, default=300, help="seconds per training run")
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated subset")
-    p.add_argument("--render", type=Path, default=None, help="no runs: results.json -> .md")
+    p.add_argument("--render", type=Path, default=None, help="no runs: results JSON -> .md")
     a = p.parse_args(argv)
     if a.render is not None:
         return render(a.render)
@@ -492,42 +530,48 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)}")
     ensure_sample_data()
-    a.out.mkdir(parents=True, exist_ok=True)
-    ctx = Ctx(a.out.resolve(), a.seed, a.run_timeout)
+    out = a.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
-    shutil.rmtree(ctx.ref_dump, ignore_errors=True)
-    ref = Job(ctx.ref_dump)
+    ref_dump = out / "reference"
+    shutil.rmtree(ref_dump, ignore_errors=True)
+    ref = Job(ref_dump)
     if ref.wait(a.run_timeout) != 0:
         print(ref.output()[-3000:])
         print("error: the reference run failed", file=sys.stderr)
         return 2
-    ctx.ref = read_metrics(ctx.ref_dump)
-    results = []
-    for name in names:
-        outcomes = []
-        for trial in range(a.trials):
-            if time.monotonic() - t_start > a.time_limit:
-                break
-            t0 = time.monotonic()
-            outcome = run_scenario(ctx, name, trial)
-            outcomes.append(outcome)
-            print(f"{name} #{trial}: {outcome} ({time.monotonic() - t0:.0f}s)", flush=True)
-        results.append({"scenario": name, "outcomes": outcomes})
-    text = table(results)
-    print(text)
+    trials: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for seed in a.seeds:
+        # One random stream per seed (kill moments, save steps), one reference for all.
+        ctx = Ctx(out / f"seed-{seed}", seed, a.run_timeout)
+        ctx.ref_dump, ctx.ref = ref_dump, read_metrics(ref_dump)
+        for name in names:
+            for trial in range(a.trials):
+                if time.monotonic() - t_start > a.time_limit:
+                    break
+                t0 = time.monotonic()
+                outcome = run_scenario(ctx, name, trial)
+                took = round(time.monotonic() - t0, 1)
+                trials[name].append({"seed": seed, "trial": trial, "outcome": outcome, "s": took})
+                print(f"seed {seed} {name} #{trial}: {outcome} ({took:.0f}s)", flush=True)
+    results = [{"scenario": name, "trials": trials[name]} for name in names]
+    print(table(results))
+    seeds = ",".join(str(s) for s in a.seeds)
     doc = {
-        "command": f"scripts/fault_injection.py --trials {a.trials} --seed {a.seed} "
+        "command": f"scripts/fault_injection.py --seeds {seeds} --trials {a.trials} "
         f"--scenarios {','.join(names)}",
-        "seed": a.seed,
+        "seeds": a.seeds,
         "trials": a.trials,
         "steps": STEPS,
         "checkpoint_interval": INTERVAL,
         "wall_s": round(time.monotonic() - t_start, 1),
         "results": results,
     }
-    (a.out / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (a.out / "results.md").write_text(report(doc))
-    outcomes = [o for r in results for o in r["outcomes"]]
+    results_path = a.results.resolve()
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    results_path.write_text(json.dumps(doc, indent=1) + "\n")
+    render(results_path)
+    outcomes = [t["outcome"] for r in results for t in r["trials"]]
     if any(lie in o for o in outcomes for lie in LIES):
         return 1
     return 0 if all(_good(o) for o in outcomes) else 2

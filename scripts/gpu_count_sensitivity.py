@@ -21,12 +21,19 @@ brings (one process has no cross-rank reduction at all): Zephon's spread is
 that arithmetic noise, a small multiple of the floor and orders of magnitude
 below hf's, whose batches themselves depend on the process count.
 
-Writes ``results.md``, ``val_loss.png`` and ``results.json`` into ``--out``.
-Exits 1 if a run fails, or if the Zephon runs did not all see the same global
-batches (digests), which is the invariant the comparison rests on.
+Writes the raw results to ``--results`` (default
+``docs/results/gpu_count_sensitivity.json``) and, generated from them, the table
+beside it (``.md``), the figure (``_val_loss.png``) and, for the committed
+results, the README's summary between its ``gpu_count_sensitivity`` markers;
+``--render JSON`` regenerates all of it from a JSON without training. The runs'
+folders go under ``--out``. Exits 1 if a run fails, or if the Zephon runs did not
+all see the same global batches (digests), which is the invariant the
+comparison rests on.
 
     .venv/bin/python scripts/gpu_count_sensitivity.py                 # defaults
-    .venv/bin/python scripts/gpu_count_sensitivity.py --token-budget 100000 --sizes 1,2
+    .venv/bin/python scripts/gpu_count_sensitivity.py --token-budget 100000 --sizes 1,2 \
+        --results outputs/gcs/results.json
+    .venv/bin/python scripts/gpu_count_sensitivity.py --render docs/results/gpu_count_sensitivity.json
 """
 
 from __future__ import annotations
@@ -40,8 +47,9 @@ import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from torchtitan.launch import (
+from train_harness import (
     LOADERS,
     REPO,
     RunFailed,
@@ -51,10 +59,13 @@ from torchtitan.launch import (
     parse_sizes,
     read_metrics,
     read_validation,
+    render_results,
     run_logged,
 )
 
 CONFIG = REPO / "train_configs" / "llama3_debugmodel.toml"
+RESULTS = REPO / "docs" / "results" / "gpu_count_sensitivity.json"
+MARKERS = ("<!-- gpu_count_sensitivity:begin -->", "<!-- gpu_count_sensitivity:end -->")
 
 
 @dataclass
@@ -79,7 +90,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--out", type=Path, default=REPO / "outputs" / "gpu_count_sensitivity")
+    p.add_argument(
+        "--out", type=Path, default=REPO / "outputs" / "gpu_count_sensitivity", help="run folders"
+    )
+    p.add_argument(
+        "--results",
+        type=Path,
+        default=RESULTS,
+        help="raw results JSON; the table (.md) and figure (_val_loss.png) go beside it",
+    )
+    p.add_argument(
+        "--render", type=Path, default=None, help="no runs: regenerate the pages of a results JSON"
+    )
     p.add_argument("--sizes", type=parse_sizes, default=[1, 2, 4, 8], help="process counts")
     p.add_argument("--loaders", type=parse_loaders, default=list(LOADERS), help="zephon,hf")
     p.add_argument("--steps", type=int, default=24, help="optimizer steps (default 24)")
@@ -202,6 +224,74 @@ def settings_line(args: argparse.Namespace) -> str:
     )
 
 
+def results_doc(
+    args: argparse.Namespace,
+    main_runs: dict[str, dict[int, Result]],
+    noise_runs: list[Result],
+    wall: float,
+) -> dict[str, Any]:
+    """The raw results: every run's figures and digests; every page is made from this."""
+    every = [r for runs in main_runs.values() for r in runs.values()]
+    every += [r for r in noise_runs if all(r is not x for x in every)]
+    main_ids = {id(r) for runs in main_runs.values() for r in runs.values()}
+    floor_ids = {id(r) for r in noise_runs}
+    zephon_seqs = {tuple(r.digests) for r in [*main_runs.get("zephon", {}).values(), *noise_runs]}
+    return {
+        "settings": settings_line(args),
+        "config": {
+            "model": "llama3/debugmodel",
+            "sizes": args.sizes,
+            "loaders": args.loaders,
+            "steps": args.steps,
+            "tokens": args.steps * args.global_batch * args.seq_len,
+            "seq_len": args.seq_len,
+            "global_batch": args.global_batch,
+            "local_batch": args.local_batch,
+            "warmup_steps": args.warmup_steps,
+            "seed": args.seed,
+            "recipe": args.recipe.name,
+            "val_recipe": args.val_recipe.name,
+            "val_steps": args.val_steps,
+            "noise_procs": args.noise_procs,
+            "noise_local_batches": args.noise_local_batches,
+        },
+        "value_source": "validation.jsonl (float64; the model computes in fp32)",
+        "spread": {
+            ld: spread([runs[n].val_loss for n in args.sizes]) for ld, runs in main_runs.items()
+        },
+        "noise_floor": spread([r.val_loss for r in noise_runs]),
+        "zephon_same_batches_at_every_size": len(zephon_seqs) == 1
+        and None not in next(iter(zephon_seqs)),
+        "runs": [
+            {
+                "loader": r.loader,
+                "nproc": r.nproc,
+                "local_batch": r.local_batch,
+                # main: one of the process-count runs; noise_floor: one of the runs
+                # of the noise-floor configuration (a run can be both).
+                "main": id(r) in main_ids,
+                "noise_floor": id(r) in floor_ids,
+                "val_loss": r.val_loss,
+                "val_step": r.val_step,
+                "final_train_loss": r.final_train_loss,
+                "digests": r.digests,
+                "wall_s": round(r.wall_s, 1),
+            }
+            for r in every
+        ],
+        "wall_s": round(wall, 1),
+    }
+
+
+def main_table(doc: dict[str, Any]) -> dict[str, dict[int, dict[str, Any]]]:
+    """loader -> process count -> its run, for the process-count runs."""
+    table: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in doc["runs"]:
+        if r["main"]:
+            table.setdefault(r["loader"], {})[r["nproc"]] = r
+    return table
+
+
 def float64_step(values: list[float]) -> float:
     """The spacing of float64 numbers at the largest of `values` (the reported precision)."""
     return math.ulp(max(abs(v) for v in values))
@@ -218,80 +308,121 @@ def _vs_floor(a: float, floor: float) -> str:
     return "equal to the noise floor (0)" if a == 0 else "above the noise floor (0)"
 
 
-def markdown(
-    args: argparse.Namespace,
-    main_runs: dict[str, dict[int, Result]],
-    noise_runs: list[Result],
-    noise_floor: float,
-) -> str:
-    sizes = args.sizes
+def markdown(doc: dict[str, Any]) -> str:
+    """The results page (docs/results/gpu_count_sensitivity.md), from the raw results."""
+    cfg, floor = doc["config"], doc["noise_floor"]
+    sizes, table = cfg["sizes"], main_table(doc)
     head = ["loader", *[f"{n} proc" for n in sizes], "spread (max - min)", "vs. noise floor"]
     head.append("distinct batch sequences")
     lines = [
         "# Validation loss vs. process count",
         "",
-        settings_line(args) + ".",
+        doc["settings"] + ".",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "|".join("---" for _ in head) + "|",
     ]
-    for loader, runs in main_runs.items():
-        vals = [runs[n].val_loss for n in sizes]
+    for loader, runs in table.items():
+        vals = [runs[n]["val_loss"] for n in sizes]
         s = spread(vals)
-        distinct = len({tuple(runs[n].digests) for n in sizes})
-        cells = [loader, *[_fmt(v) for v in vals], f"{s:.2e}", _vs_floor(s, noise_floor)]
+        distinct = len({tuple(runs[n]["digests"]) for n in sizes})
+        cells = [loader, *[_fmt(v) for v in vals], f"{s:.2e}", _vs_floor(s, floor)]
         cells.append(f"{distinct} of {len(sizes)}")
         lines.append("| " + " | ".join(cells) + " |")
     noise_desc = ", ".join(
-        f"micro-batch {r.local_batch}: {_fmt(r.val_loss, 10)}" for r in noise_runs
+        f"micro-batch {r['local_batch']}: {_fmt(r['val_loss'], 10)}"
+        for r in doc["runs"]
+        if r["noise_floor"]
     )
     lines += [
         "",
-        f"**Noise floor: {noise_floor:.2e}** = spread of the validation loss over one "
-        f"configuration (Zephon, {args.noise_procs} processes) repeated with only the "
+        f"**Noise floor: {floor:.2e}** = spread of the validation loss over one "
+        f"configuration (Zephon, {cfg['noise_procs']} processes) repeated with only the "
         f"micro-batch size changed, i.e. the same data with the fp32 sums regrouped "
         f"({noise_desc}). It is measured on the float64 value the trainer reports, so it "
         "is the model's own fp32 reduction-order noise, not a limit of the reading.",
         "",
     ]
-    if "zephon" in main_runs and "hf" in main_runs:
-        z = spread([main_runs["zephon"][n].val_loss for n in sizes])
-        h = spread([main_runs["hf"][n].val_loss for n in sizes])
+    if "zephon" in table and "hf" in table:
+        z, h = doc["spread"]["zephon"], doc["spread"]["hf"]
         lines.append(
-            f"Zephon: spread {z:.2e}, {_vs_floor(z, noise_floor)}; it feeds the same global "
-            f"batches at every process count. hf: spread {h:.2e}, {_vs_floor(h, noise_floor)}; "
+            f"Zephon: spread {z:.2e}, {_vs_floor(z, floor)}; it feeds the same global "
+            f"batches at every process count. hf: spread {h:.2e}, {_vs_floor(h, floor)}; "
             "its batches, and so the trained model, depend on the process count."
         )
         lines.append("")
-    step = float64_step([r.val_loss for runs in main_runs.values() for r in runs.values()])
+    step = float64_step([r["val_loss"] for runs in table.values() for r in runs.values()])
     lines.append(
         "Values are the trainer's end-of-run validation loss, read at full precision from "
         f"each run's `validation.jsonl`: float64 (one float64 step at these losses is "
         f"{step:.1e}), summed in float64 over the model's fp32 per-batch losses."
     )
-    lines.append("Produced by `scripts/gpu_count_sensitivity.py`; raw values in `results.json`.")
+    lines.append(
+        "Generated by `scripts/gpu_count_sensitivity.py` from the raw results in the JSON "
+        "beside this page (`--render JSON` regenerates it)."
+    )
     return "\n".join(lines) + "\n"
 
 
-def plot(
-    args: argparse.Namespace,
-    main_runs: dict[str, dict[int, Result]],
-    noise_floor: float,
-    path: Path,
-) -> None:
+def readme_summary(doc: dict[str, Any]) -> str:
+    """The README's short table and its reading, every figure taken from the results."""
+    cfg, floor = doc["config"], doc["noise_floor"]
+    sizes, table = cfg["sizes"], main_table(doc)
+    lines = [
+        "| loader | " + " | ".join(f"{n} proc" for n in sizes) + " | spread |",
+        "| --- | " + " | ".join("---" for _ in sizes) + " | --- |",
+    ]
+    for loader, runs in table.items():
+        vals = [runs[n]["val_loss"] for n in sizes]
+        lines.append(
+            f"| {loader} | " + " | ".join(_fmt(v) for v in vals) + f" | {spread(vals):.2e} |"
+        )
+    lines.append("")
+    text = (
+        f"{doc['settings']}; {doc['wall_s'] / 60:.0f} min of runs on a shared 2-core machine. "
+        "The noise floor, "
+        f"the same {cfg['noise_procs']}-process Zephon run with only the micro-batch size "
+        f"changed, is {floor:.1e}; it keeps the process count, so it cannot include the "
+        "regrouping of gradient sums across ranks that another process count brings."
+    )
+    if "zephon" in table:
+        z = doc["spread"]["zephon"]
+        same = "saw the same global batches (one digest sequence)"
+        if not doc["zephon_same_batches_at_every_size"]:
+            same = "did NOT all see the same global batches"
+        text += f" With Zephon all {len(sizes)} runs {same}; their spread is {z:.1e}"
+        multi = [table["zephon"][n]["val_loss"] for n in sizes if n > 1]
+        if 1 in sizes and len(multi) > 1:
+            text += (
+                f" ({spread(multi):.0e} among the runs on more than one process; one process "
+                "has no cross-rank reduction at all)"
+            )
+        text += f", {_vs_floor(z, floor)}."
+    if "zephon" in table and "hf" in table:
+        z, h = doc["spread"]["zephon"], doc["spread"]["hf"]
+        ratio = f", {h / z:,.0f}x Zephon's" if z > 0 else ""
+        text += (
+            " The conventional loader trains on different batches at every process count: "
+            f"its spread is {h:.2e}{ratio}."
+        )
+    return "\n".join(lines) + "\n" + text + "\n"
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    loaders, sizes = list(main_runs), args.sizes
+    cfg, noise_floor, table = doc["config"], doc["noise_floor"], main_table(doc)
+    loaders, sizes = list(table), cfg["sizes"]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12.5, 5.2), gridspec_kw={"width_ratios": [2.2, 1]})
     width = 0.8 / len(sizes)
     colors = plt.get_cmap("viridis")([i / max(len(sizes) - 1, 1) * 0.85 for i in range(len(sizes))])
-    all_vals = [main_runs[ld][n].val_loss for ld in loaders for n in sizes]
+    all_vals = [table[ld][n]["val_loss"] for ld in loaders for n in sizes]
     for j, n in enumerate(sizes):
         xs = [i + (j - (len(sizes) - 1) / 2) * width for i in range(len(loaders))]
-        vals = [main_runs[ld][n].val_loss for ld in loaders]
+        vals = [table[ld][n]["val_loss"] for ld in loaders]
         bars = ax.bar(xs, vals, width * 0.92, color=colors[j], label=f"{n}")
         for b, v in zip(bars, vals, strict=True):
             ax.text(
@@ -317,7 +448,7 @@ def plot(
     # Spreads on a log scale, next to the noise floor; a zero is drawn a decade
     # below the smallest nonzero value.
     names = [f"{ld}\nspread" for ld in loaders] + ["noise\nfloor"]
-    vals = [spread([main_runs[ld][n].val_loss for n in sizes]) for ld in loaders] + [noise_floor]
+    vals = [doc["spread"][ld] for ld in loaders] + [noise_floor]
     positive = [v for v in vals if v > 0]
     floor_draw = 10 ** (math.floor(math.log10(min(positive))) - 1) if positive else 1e-12
     bar_colors = ["tab:blue" if ld == "zephon" else "tab:orange" for ld in loaders] + ["0.5"]
@@ -336,17 +467,16 @@ def plot(
     ax2.set_yscale("log")
     ax2.set_ylim(floor_draw / 2, max(max(vals), floor_draw) * 20)
     ax2.set_ylabel("max - min of validation loss over process counts")
-    ax2.set_xlabel(f"noise floor: Zephon, {args.noise_procs} proc., other micro-batch size")
+    ax2.set_xlabel(f"noise floor: Zephon, {cfg['noise_procs']} proc., other micro-batch size")
     ax2.set_title("spread vs. fp32 reduction-order noise (log)", fontsize=10)
     ax2.grid(axis="y", alpha=0.3)
 
     sizes_txt = ", ".join(str(n) for n in sizes)
-    tokens = args.steps * args.global_batch * args.seq_len
     fig.suptitle(
         f"Final validation loss vs. process count ({sizes_txt}): Llama 3 debugmodel from "
-        f"scratch, {tokens:,} tokens\n({args.steps} steps x global batch {args.global_batch} x "
-        f"seq {args.seq_len}, micro-batch {args.local_batch}, seed {args.seed}, same settings "
-        "for every run; CPU/gloo)",
+        f"scratch, {cfg['tokens']:,} tokens\n({cfg['steps']} steps x global batch "
+        f"{cfg['global_batch']} x seq {cfg['seq_len']}, micro-batch {cfg['local_batch']}, "
+        f"seed {cfg['seed']}, same settings for every run; CPU/gloo)",
         fontsize=10.5,
     )
     fig.tight_layout()
@@ -354,10 +484,30 @@ def plot(
     plt.close(fig)
 
 
+def publish(path: Path) -> int:
+    """Every page of a results JSON: the table beside it, the figure, and for the
+    committed results the README's summary. Exit status 2 if the JSON is unreadable."""
+    code = render_results(path, markdown)
+    if code:
+        return code
+    doc = json.loads(path.read_text())
+    plot(doc, path.with_name(path.stem + "_val_loss.png"))
+    if path.resolve() == RESULTS.resolve():
+        readme = REPO / "README.md"
+        body, (begin, end) = readme.read_text(), MARKERS
+        if begin in body and end in body:
+            head, rest = body.split(begin, 1)
+            summary = readme_summary(doc)
+            readme.write_text(head + begin + "\n" + summary + rest[rest.index(end) :])
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render is not None:
+        return publish(args.render)
     args.recipe, args.val_recipe = args.recipe.resolve(), args.val_recipe.resolve()
-    args.out = args.out.resolve()
+    args.out, args.results = args.out.resolve(), args.results.resolve()
     check_layout(args)
     ensure_sample_data()
     runs_dir = args.out / "runs"
@@ -379,65 +529,13 @@ def main(argv: list[str] | None = None) -> int:
     except RunFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    wall = time.perf_counter() - t0
-
-    noise_floor = spread([r.val_loss for r in noise_runs])
-    every = [r for runs in main_runs.values() for r in runs.values()]
-    every += [r for r in noise_runs if all(r is not x for x in every)]
-    noise_ids = {id(r) for r in noise_runs[1:]}
-    zephon_seqs = {tuple(r.digests) for r in [*main_runs.get("zephon", {}).values(), *noise_runs]}
-    zephon_same = len(zephon_seqs) == 1 and None not in next(iter(zephon_seqs))
-
-    md = markdown(args, main_runs, noise_runs, noise_floor)
-    (args.out / "results.md").write_text(md)
-    plot(args, main_runs, noise_floor, args.out / "val_loss.png")
-    results = {
-        "settings": settings_line(args),
-        "config": {
-            "model": "llama3/debugmodel",
-            "sizes": args.sizes,
-            "loaders": args.loaders,
-            "steps": args.steps,
-            "tokens": args.steps * args.global_batch * args.seq_len,
-            "seq_len": args.seq_len,
-            "global_batch": args.global_batch,
-            "local_batch": args.local_batch,
-            "warmup_steps": args.warmup_steps,
-            "seed": args.seed,
-            "recipe": str(args.recipe),
-            "val_recipe": str(args.val_recipe),
-            "val_steps": args.val_steps,
-            "noise_procs": args.noise_procs,
-            "noise_local_batches": args.noise_local_batches,
-        },
-        "value_source": "validation.jsonl (float64; the model computes in fp32)",
-        "spread": {
-            ld: spread([runs[n].val_loss for n in args.sizes]) for ld, runs in main_runs.items()
-        },
-        "noise_floor": noise_floor,
-        "zephon_same_batches_at_every_size": zephon_same,
-        "runs": [
-            {
-                "loader": r.loader,
-                "nproc": r.nproc,
-                "local_batch": r.local_batch,
-                "role": "noise" if id(r) in noise_ids else "main",
-                "val_loss": r.val_loss,
-                "val_step": r.val_step,
-                "final_train_loss": r.final_train_loss,
-                "digests": r.digests,
-                "wall_s": round(r.wall_s, 1),
-                "dump": str(r.dump),
-            }
-            for r in every
-        ],
-        "wall_s": round(wall, 1),
-    }
-    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    doc = results_doc(args, main_runs, noise_runs, time.perf_counter() - t0)
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(doc, indent=1) + "\n")
     print()
-    print(md)
-    print(f"wrote {args.out / 'results.md'}, val_loss.png, results.json ({wall:.0f}s of runs)")
-    if "zephon" in main_runs and not zephon_same:
+    publish(args.results)
+    print(f"wrote {args.results} and the pages beside it ({doc['wall_s']:.0f}s of runs)")
+    if "zephon" in main_runs and not doc["zephon_same_batches_at_every_size"]:
         print("FAIL: the Zephon runs did not all see the same global batches", file=sys.stderr)
         return 1
     return 0

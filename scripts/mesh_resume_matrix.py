@@ -10,6 +10,7 @@ docs/results/mesh_resume_matrix.{json,md}; exits 1 if any digest differs or a
 loss is further than 1e-4 (relative) from the reference.
 
     .venv/bin/python scripts/mesh_resume_matrix.py [--out docs/results]
+    .venv/bin/python scripts/mesh_resume_matrix.py --render docs/results/mesh_resume_matrix.json
 """
 
 from __future__ import annotations
@@ -19,8 +20,16 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from torchtitan.launch import REPO, copy_checkpoint, ensure_sample_data, read_metrics, run_logged
+from train_harness import (
+    REPO,
+    copy_checkpoint,
+    ensure_sample_data,
+    read_metrics,
+    render_results,
+    run_logged,
+)
 
 STEPS, K, LOSS_RTOL = 6, 3, 1e-4
 # name -> (processes, (replicate, shard, tp))
@@ -58,10 +67,30 @@ def run(name: str, dump: Path) -> dict[int, dict]:
     return read_metrics(dump)
 
 
+def page(rows: list[dict[str, Any]]) -> str:
+    """The results page, from the raw rows (mesh_resume_matrix.json)."""
+    lines = [
+        f"Debug model, {STEPS} steps, checkpoint at step {K}; reference: pure FSDP on 4 "
+        "processes (shard4). Meshes: hsdp2x2 = replicate 2 x shard 2, tp2xshard2 = tensor "
+        "parallel 2 x shard 2, hsdp2x4 = replicate 2 x shard 4 (8 processes).",
+        "",
+        "| run | steps compared | digests equal | max relative loss difference |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['run']} | {r['steps']} | {r['digests_equal']} | {r['max_rel_dloss']:.1e} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=REPO / "docs" / "results")
+    p.add_argument("--render", type=Path, default=None, help="no runs: results JSON -> .md")
     a = p.parse_args()
+    if a.render is not None:
+        return render_results(a.render, page)
     ensure_sample_data()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -77,21 +106,9 @@ def main() -> int:
                 rows.append(compare(f"{saved} -> {target}", got, ref, range(K + 1, STEPS + 1)))
                 print(rows[-1], flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "mesh_resume_matrix.json").write_text(json.dumps(rows, indent=1))
-    lines = [
-        f"Debug model, {STEPS} steps, checkpoint at step {K}; reference: pure FSDP on 4 "
-        "processes (shard4). Meshes: hsdp2x2 = replicate 2 x shard 2, tp2xshard2 = tensor "
-        "parallel 2 x shard 2, hsdp2x4 = replicate 2 x shard 4 (8 processes).",
-        "",
-        "| run | steps compared | digests equal | max relative loss difference |",
-        "|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['run']} | {r['steps']} | {r['digests_equal']} | {r['max_rel_dloss']:.1e} |"
-        )
-    (a.out / "mesh_resume_matrix.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    results = a.out / "mesh_resume_matrix.json"
+    results.write_text(json.dumps(rows, indent=1))
+    render_results(results, page)
     bad = [r for r in rows if not r["digests_equal"] or r["max_rel_dloss"] > LOSS_RTOL]
     return 1 if bad else 0
 

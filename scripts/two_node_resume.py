@@ -13,6 +13,7 @@
 Writes docs/results/two_node_resume.{json,md}; exits 1 on any mismatch.
 
     .venv/bin/python scripts/two_node_resume.py
+    .venv/bin/python scripts/two_node_resume.py --render docs/results/two_node_resume.json
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from torchtitan.launch import REPO, copy_checkpoint, ensure_sample_data, read_metrics
+from train_harness import REPO, copy_checkpoint, ensure_sample_data, read_metrics, render_results
 
 STEPS, K, LOSS_RTOL = 6, 3, 1e-4
 ARGS = [
@@ -62,7 +64,10 @@ def free_port() -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=REPO / "docs" / "results")
+    p.add_argument("--render", type=Path, default=None, help="no runs: results JSON -> .md")
     a = p.parse_args()
+    if a.render is not None:
+        return render_results(a.render, page)
     ensure_sample_data()
     with tempfile.TemporaryDirectory() as tmp:
         two, one = Path(tmp) / "two_nodes", Path(tmp) / "one_node"
@@ -96,7 +101,14 @@ def main() -> int:
     mesh_line = mesh_line[mesh_line.find("training steps") :]
     resumed = resumed[resumed.find("resumed from") :]
     doc = {"two_node_mesh": mesh_line, "resume": resumed, "steps": rows, "ok": ok}
-    (a.out / "two_node_resume.json").write_text(json.dumps(doc, indent=1))
+    results = a.out / "two_node_resume.json"
+    results.write_text(json.dumps(doc, indent=1))
+    render_results(results, page)
+    return 0 if ok else 1
+
+
+def page(doc: dict[str, Any]) -> str:
+    """The results page, from the raw results (two_node_resume.json)."""
     lines = [
         "Two run_train.sh nodes on one machine (NNODES=2, NGPU=2 each, c10d rendezvous on "
         "127.0.0.1; HSDP replicate 2 x shard 2), checkpoint at step 3, resumed on one node "
@@ -105,14 +117,12 @@ def main() -> int:
         "| step | digest (2 nodes) | digest (1 node) | loss (2 nodes) | loss (1 node) | rel. diff |",
         "|---|---|---|---|---|---|",
     ]
-    for r in rows:
+    for r in doc["steps"]:
         lines.append(
             f"| {r['step']} | {r['two_node_digest'][:16]} | {r['one_node_digest'][:16]} "
             f"| {r['two_node_loss']:.6f} | {r['one_node_loss']:.6f} | {r['rel_dloss']:.1e} |"
         )
-    (a.out / "two_node_resume.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0 if ok else 1
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

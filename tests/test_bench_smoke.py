@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from torchtitan.launch import ensure_sample_data
+from train_harness import ensure_sample_data
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "bench_pipeline.py"
@@ -21,8 +21,24 @@ def test_bench_pipeline_quick(tmp_path: Path) -> None:
         [*cmd, "--json", str(out)], capture_output=True, text=True, timeout=120, cwd=REPO
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "RATIO pipeline/raw = " in proc.stdout
-    assert out.is_file()
+    doc = json.loads(out.read_text())
+    cfg, tp, restore = doc["config"], doc["throughput"], doc["restore"]
+    assert cfg["quick"] is True
+    # The figures printed are the JSON's, and they describe what was delivered.
+    assert f"RATIO pipeline/raw = {tp['ratio']:.3f} " in proc.stdout
+    assert tp["ratio"] > 0 and tp["raw_tok_s"] > 0 and tp["pipeline_tok_s"] > 0
+    row = cfg["seq_len"] + 1
+    assert tp["row_tokens"] == tp["batches_per_round"] * cfg["global_batch"] * row
+    assert restore["state_check"].startswith("state at step 10 identical to a plain run's")
+    assert sorted(map(int, restore["per_step"])) == cfg["restore_steps"]
+    sizes = []
+    for step, r in restore["per_step"].items():
+        # Replay is what the state says was consumed since each lane's flush point.
+        assert r["replay"]["rows"] == sum(r["rows_since_flush_per_lane"]), step
+        assert len(r["rows_since_flush_per_lane"]) == cfg["lanes"]
+        assert r["state_bytes"] == cfg["lanes"] * r["state_bytes_per_lane"]
+        sizes.append(r["state_bytes"])
+    assert max(sizes) < 1.1 * min(sizes)  # the state does not grow with the step
 
 
 def test_bench_throughput_quick(tmp_path: Path) -> None:

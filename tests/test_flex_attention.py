@@ -5,11 +5,14 @@ with padding and mid-document starts (CPU: forward only, eager)."""
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
+import pytest
 import torch
+from train_harness import REPO, ensure_sample_data
 
 from torchtitan.components.loss import cross_entropy_sum
-from torchtitan.launch import REPO, ensure_sample_data
+from torchtitan.models.llama3 import model as model_module
 from torchtitan.models.llama3.args import get_model_args
 from torchtitan.models.llama3.flex import document_ids
 from torchtitan.models.llama3.model import Transformer
@@ -18,11 +21,31 @@ from zephon import ZephonLoader, load_recipe
 TOL = 1e-5
 
 
+FLEX_CALLS = Counter()
+
+
 def loss_of(model: Transformer, impl: str, tokens, positions, labels) -> float:
+    """The loss with attention `impl`; checks that exactly that path ran (a
+    dispatch that ignored the setting would compare dense with dense)."""
     model.args = dataclasses.replace(model.args, attention_impl=impl)
+    FLEX_CALLS.clear()
     with torch.no_grad():
         loss_sum, n = cross_entropy_sum(model(tokens, positions), labels)
+    expected = len(model.layers) if impl == "flex" else 0
+    assert FLEX_CALLS["attention"] == expected, (impl, FLEX_CALLS)
     return float(loss_sum / n)
+
+
+@pytest.fixture(autouse=True)
+def count_flex_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Count the model's calls of the FlexAttention kernel wrapper."""
+    flex = model_module.flex_doc_attention
+
+    def counted(*args, **kwargs):
+        FLEX_CALLS["attention"] += 1
+        return flex(*args, **kwargs)
+
+    monkeypatch.setattr(model_module, "flex_doc_attention", counted)
 
 
 def test_flex_matches_dense_on_packed_rows():

@@ -22,10 +22,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import COMMITTED_TOKENIZER, synthetic_docs, write_jsonl  # noqa: E402
-from zephon_helpers import close, make_ranks, save, step_digests  # noqa: E402
+from conftest import COMMITTED_TOKENIZER, synthetic_docs, write_jsonl
+from zephon_helpers import close, make_ranks, save, step_digests
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 STEPS = 24

@@ -197,7 +197,14 @@ def test_workers_and_stop_at_end(tmp_path, tokenizer_path, cache_dir):
     assert len(batches) > 3
     with pytest.raises(StopIteration):
         ld.next_batch()
-    json.dumps(ld.state_dict())
+    # The state at the end counts what was consumed, and a loader restored from
+    # it (through JSON) ends at once instead of starting over.
+    end = json.loads(json.dumps(ld.state_dict()))
+    assert end["steps"] == len(batches) and end["rows_consumed"] == 2 * len(batches)
+    restored = _loader(recipe, tokenizer_path, cache_dir, 0, 2)
+    restored.load_state_dict([end, dict(end, dp_rank=1)])
+    with pytest.raises(StopIteration):
+        restored.next_batch()
 
     # num_workers=2: checkpoint after consumed batches, resume continues identically
     ref = _loader(recipe, tokenizer_path, cache_dir, 0, 2, num_workers=2)

@@ -3,7 +3,13 @@ from pathlib import Path
 
 import torch
 
-from torchtitan.components.metrics import MetricsLogger, StepMetrics, format_step, peak_memory_gib
+from torchtitan.components.metrics import (
+    MetricsLogger,
+    StepMetrics,
+    format_step,
+    peak_memory_gib,
+    trim_logs_to_start,
+)
 from torchtitan.config.job_config import MetricsConfig
 
 
@@ -92,10 +98,32 @@ def test_tensorboard_only_when_enabled(tmp_path: Path) -> None:
 
 
 def test_validation_loss_is_written_at_full_precision(tmp_path):
-    from torchtitan.launch import read_validation
+    from train_harness import read_validation
 
     logger = MetricsLogger(val_jsonl_path=str(tmp_path / "validation.jsonl"))
     line = logger.log_validation(12, 7.204070567)
     logger.close()
     assert "7.2041" in line
     assert read_validation(tmp_path) == {12: 7.204070567}
+
+
+def test_a_run_drops_the_records_of_the_steps_it_trains_again(tmp_path: Path) -> None:
+    def write(*steps: int) -> None:
+        for name in ("m.jsonl", "validation.jsonl"):
+            (tmp_path / name).write_text("".join(json.dumps({"step": s}) + "\n" for s in steps))
+
+    def steps(name: str) -> list[int]:
+        return [json.loads(x)["step"] for x in (tmp_path / name).read_text().splitlines()]
+
+    cfg = MetricsConfig(jsonl_file="m.jsonl")
+    write(1, 2, 3, 4)
+    assert trim_logs_to_start(cfg, str(tmp_path), 2) == 4  # resumed from step 2
+    assert steps("m.jsonl") == steps("validation.jsonl") == [1, 2]
+    # No checkpoint completed (a kill inside the first save): the run starts at
+    # step 0 and trains every logged step again.
+    write(1, 2, 3)
+    assert trim_logs_to_start(cfg, str(tmp_path), 0) == 6
+    assert steps("m.jsonl") == steps("validation.jsonl") == []
+    write(1, 2)
+    assert trim_logs_to_start(MetricsConfig(jsonl_file=""), str(tmp_path), 0) == 0  # no JSONL
+    assert steps("m.jsonl") == [1, 2]

@@ -1,11 +1,12 @@
 import dataclasses
+from collections import Counter
 
 import pytest
 import torch
 
 from torchtitan.components.loss import cross_entropy_sum
 from torchtitan.models.llama3.args import LLAMA3_FLAVORS, ModelArgs, get_model_args
-from torchtitan.models.llama3.model import Transformer, document_causal_mask
+from torchtitan.models.llama3.model import FeedForward, Transformer, document_causal_mask
 from torchtitan.models.llama3.parallelize import apply_activation_checkpointing
 from torchtitan.models.spec import count_parameters
 
@@ -138,18 +139,45 @@ def test_tied_embeddings() -> None:
     assert model(torch.randint(0, VOCAB, (1, 8))).shape == (1, 8, VOCAB)
 
 
-def test_activation_checkpointing_same_grads() -> None:
+def test_activation_checkpointing_same_grads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Same gradients with and without activation checkpointing, and the
+    checkpointing happened: the forward pass kept a fraction of the tensors for
+    backward, and each block's feed-forward ran again in backward (the
+    recomputation). A flag that did nothing would pass the gradient check alone."""
     tokens = torch.randint(0, VOCAB, (2, 32))
     labels = torch.randint(0, VOCAB, (2, 32))
     positions = torch.cat([torch.arange(20), torch.arange(12)]).repeat(2, 1)
-    grads = []
+    ffn_calls = Counter()
+    ffn_forward = FeedForward.forward
+
+    def counted(self: FeedForward, x: torch.Tensor) -> torch.Tensor:
+        ffn_calls["n"] += 1
+        return ffn_forward(self, x)
+
+    # Patched on the class: module hooks do not fire when checkpoint recomputes.
+    monkeypatch.setattr(FeedForward, "forward", counted)
+    grads, work = [], []
     for ac in (False, True):
         model = debug_model()
         if ac:
             apply_activation_checkpointing(model)
-        loss, n = cross_entropy_sum(model(tokens, positions), labels)
+        saved = Counter()
+
+        def keep(t: torch.Tensor, saved: Counter = saved) -> torch.Tensor:
+            saved["n"] += 1
+            return t
+
+        ffn_calls.clear()
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            loss, n = cross_entropy_sum(model(tokens, positions), labels)
+        in_forward = ffn_calls["n"]
         (loss / n).backward()
+        work.append((in_forward, ffn_calls["n"] - in_forward, saved["n"]))
         grads.append({k: p.grad.clone() for k, p in model.named_parameters()})
+    layers = len(model.layers)
+    (plain_fwd, plain_bwd, plain_saved), (ac_fwd, ac_bwd, ac_saved) = work
+    assert (plain_fwd, plain_bwd, ac_fwd, ac_bwd) == (layers, 0, layers, layers), work
+    assert ac_saved < plain_saved / 4, work  # block inputs only, not their activations
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-6, rtol=1e-5)

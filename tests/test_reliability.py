@@ -7,13 +7,14 @@ run_train.sh (a bad record on rank 1; a stopped rank)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import fault_injection as faults
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
@@ -216,32 +217,27 @@ def test_endless_validation_is_refused():
 # -- end to end through run_train.sh ----------------------------------------------------------------
 
 
-def _faults():
-    spec = importlib.util.spec_from_file_location("faults", REPO / "scripts" / "fault_injection.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.slow
 def test_bad_record_on_rank_1_reaches_the_console_once(tmp_path):
-    faults = _faults()
     outcome = faults.bad_record_rank1(faults.Ctx(tmp_path, 0, 240), 0)
     assert outcome.startswith("exit 2,") and "drop: ok" in outcome, outcome
 
 
 @pytest.mark.slow
 def test_stopped_rank_ends_the_job_naming_it(tmp_path):
-    faults = _faults()
     outcome = faults.stopped_rank(faults.Ctx(tmp_path, 0, 240), 0)
     assert outcome.startswith("exited in") and "naming rank 1" in outcome, outcome
+    # The watchdog's own measure of the silence, from its message: not before
+    # the 10 s timeout, and within three of its 2 s checks after it.
+    silent = int(re.search(r"silent (\d+)s \(timeout 10s\)", outcome).group(1))
+    assert 10 <= silent <= 16, outcome
 
 
 def test_watchdog_names_a_frozen_rank_and_a_rank_stuck_on_data():
-    """Two monitors on a real TCPStore: rank 0 watches rank 1."""
+    """Two monitors on a real TCPStore: rank 0 watches rank 1. Their clock is
+    driven by hand, so the test sees the watchdog stay quiet just before its
+    timeout and fire exactly at it (no sleeping, no wall-clock margins)."""
     import datetime
-    import time
 
     import torch.distributed as dist
 
@@ -250,8 +246,14 @@ def test_watchdog_names_a_frozen_rank_and_a_rank_stuck_on_data():
     master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                            timeout=datetime.timedelta(seconds=10))  # fmt: skip
     store = dist.PrefixStore("t/", master)
-    watcher = RankMonitor(store, 0, 2, timeout_s=1.0)
-    peer = RankMonitor(store, 1, 2, timeout_s=1.0)
+    now = [1000.0]  # seconds; steps below are exact in binary
+
+    def clock() -> float:
+        return now[0]
+
+    timeout = 8.0
+    watcher = RankMonitor(store, 0, 2, timeout_s=timeout, clock=clock)
+    peer = RankMonitor(store, 1, 2, timeout_s=timeout, clock=clock)
     # The threads are not started: beats are driven by hand, so a "frozen" rank
     # is one whose beat stops, exactly as under SIGSTOP.
     watcher.set_phase("collective", 5)
@@ -259,18 +261,23 @@ def test_watchdog_names_a_frozen_rank_and_a_rank_stuck_on_data():
     peer.set_phase("data", 5)
     peer._beat()
     assert watcher.diagnose() is None  # first sight
-    time.sleep(1.1)
-    peer._beat()  # alive, but still waiting for its data
+    now[0] += timeout - 0.25
+    peer._beat()  # alive, waiting for its data for just under the timeout
+    assert watcher.diagnose() is None
+    now[0] += 0.25
+    peer._beat()  # waiting for exactly the timeout
     rec = watcher.diagnose()
     assert rec is not None and rec["rank"] == 1 and rec["frozen_pid"] is None
-    assert "has waited 1s for its data at step 5" in rec["message"]
+    assert "has waited 8s for its data at step 5" in rec["message"]
     assert "rank 0: collective (step 5)" in rec["message"]
     peer.set_phase("collective", 5)
     peer._beat()
     assert watcher.diagnose() is None  # beating, not on data: fine
-    time.sleep(1.1)  # no beat since: frozen
+    now[0] += timeout - 0.25  # no beat since: silent, but not yet for the timeout
+    assert watcher.diagnose() is None
+    now[0] += 0.25
     rec = watcher.diagnose()
-    assert rec is not None and "sent no heartbeat for 1s" in rec["message"]
+    assert rec is not None and "sent no heartbeat for 8s" in rec["message"]
     assert rec["frozen_pid"] == os.getpid()
     peer.stop()
     assert watcher.diagnose() is None  # a rank that finished is not silent

@@ -7,9 +7,7 @@ missing, it is built once into a temporary folder (about 10-20 s).
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
-import sys
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,14 +24,9 @@ SAMPLE = REPO / "data" / "sample"
 
 
 def _load_builder() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "build_sample_data", REPO / "scripts" / "build_sample_data.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look the module up while loading
-    spec.loader.exec_module(module)
-    return module
+    import build_sample_data  # scripts/, on the tests' pythonpath
+
+    return build_sample_data
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from train_helpers import copy_checkpoint, ensure_sample_data, metrics, ok, torchrun
+from train_helpers import copy_checkpoint, ensure_sample_data, metrics, ok, run_train_sh, torchrun
 
 from torchtitan.config.job_config import load_job_config
 from torchtitan.datasets.dataloader import check_startup
@@ -50,11 +50,17 @@ def test_hf_layout_check():
 
 @pytest.mark.slow
 def test_bad_layout_fails_before_training_with_one_message(tmp_path):
+    """Both ranks hit the error; the console shows it once, as one line, with no
+    traceback, and the job exits 2 (the user's input)."""
     ensure_sample_data()
-    proc = torchrun(1, tmp_path, "--training.global_batch_size", "36")
-    assert proc.returncode != 0
-    assert "error: global batch size 36 is not divisible by the lane count 8" in proc.stderr
-    assert "Traceback" not in proc.stderr.split("error:")[1].split("\n")[0]
+    proc = run_train_sh(2, tmp_path, "--training.global_batch_size", "36")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = proc.stdout + proc.stderr
+    assert out.count("global batch size 36 is not divisible") == 1, out
+    assert "Traceback" not in out and "ChildFailedError" not in out, out
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: global batch size 36 is not divisible by the lane count 8")
     assert not (tmp_path / "metrics.jsonl").exists()
 
 

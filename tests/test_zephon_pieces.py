@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import itertools
 import json
 import random
 from dataclasses import replace
@@ -9,19 +11,25 @@ from dataclasses import replace
 import numpy as np
 from conftest import REPO, synthetic_docs
 from tokenizers import Tokenizer, normalizers
+from train_harness import ensure_sample_data
 
 from zephon.pieces import cut_points, encode_documents, piecewise_safe
 from zephon.tokenize import encode_texts, load_tokenizer
 
 
 def _sample_texts() -> list[str]:
+    """Real prose and code from the sample corpus (built if missing: synthetic
+    word lists have none of the whitespace and Unicode this test is about)."""
+    ensure_sample_data()
     texts = []
-    for folder in ("prose", "code"):
-        files = sorted((REPO / "data" / "sample" / folder).glob("*.jsonl"))[:2]
+    for folder in ("prose", "code"):  # code is stored gzipped
+        files = sorted((REPO / "data" / "sample" / folder).glob("*.jsonl*"))[:2]
+        assert len(files) == 2, f"data/sample/{folder}: {files}"
         for f in files:
-            with open(f, encoding="utf-8") as fh:
-                texts += [json.loads(line)["text"] for line in fh][:60]
-    return texts or synthetic_docs(300, seed=3)
+            with (gzip.open if f.suffix == ".gz" else open)(f, "rt", encoding="utf-8") as fh:
+                texts += [json.loads(line)["text"] for line in itertools.islice(fh, 60)]
+    assert len(texts) == 4 * 60
+    return texts
 
 
 def _long_mixed_texts() -> list[str]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 from pathlib import Path
 
-from torchtitan.launch import (  # noqa: F401  (re-exported for the tests)
+from train_harness import (  # noqa: F401  (re-exported for the tests)
     copy_checkpoint,
     ensure_sample_data,
     read_metrics,
@@ -49,6 +51,16 @@ def torchrun(
     return torchrun_train(nproc, dump, [*BASE_ARGS, *extra], env=env, timeout=timeout)
 
 
+def run_train_sh(
+    nproc: int, dump: Path, *extra: str, timeout: int = 300
+) -> subprocess.CompletedProcess[str]:
+    """The test job through `NGPU=nproc ./run_train.sh`, as a user launches it (the
+    launcher wrapper, which reports a failing rank once); returns the finished process."""
+    env = {**os.environ, "NGPU": str(nproc), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    cmd = ["bash", str(REPO / "run_train.sh"), *BASE_ARGS, *extra, "--job.dump_folder", str(dump)]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
     assert proc.returncode == 0, (
         f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -57,3 +69,11 @@ def ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[st
 
 
 metrics = read_metrics
+
+
+def logged_steps(dump: Path, name: str = "metrics.jsonl") -> list[int]:
+    """The step of every record in the run's JSONL log, in file order: unlike
+    `metrics` (one record per step), a step logged twice shows up twice."""
+    path = dump / name
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return [int(json.loads(line)["step"]) for line in lines if line.strip()]

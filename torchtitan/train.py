@@ -32,8 +32,8 @@ from torchtitan.components.lr_scheduler import build_lr_scheduler
 from torchtitan.components.metrics import (
     MetricsLogger,
     StepMetrics,
-    drop_records_after,
     peak_memory_gib,
+    trim_logs_to_start,
 )
 from torchtitan.components.optimizer import build_optimizer
 from torchtitan.components.source_metrics import global_source_counts
@@ -116,10 +116,9 @@ class Trainer:
                 )
         elif cfg.checkpoint.initial_load_path:
             load_initial(cfg, self.model, self.optimizer, self.model_args)
-        if self.rank == 0 and cfg.metrics.jsonl_file and self.resume_from is not None:
-            # Steps after the checkpoint are trained again: drop their old records.
-            for name in (cfg.metrics.jsonl_file, "validation.jsonl"):
-                drop_records_after(os.path.join(cfg.job.dump_folder, name), self.step)
+        if self.rank == 0:
+            # Steps after this run's start (0 without a checkpoint) are trained again.
+            trim_logs_to_start(cfg.metrics, cfg.job.dump_folder, self.step)
         self.metrics = (
             MetricsLogger.from_config(cfg.metrics, cfg.job.dump_folder, cfg.to_dict())
             if self.rank == 0

@@ -122,6 +122,18 @@ def drop_records_after(path: str, step: int) -> int:
     return len(lines) - len(keep)
 
 
+def trim_logs_to_start(cfg: MetricsConfig, dump_folder: str, start_step: int) -> int:
+    """Before a run appends to the dump folder's JSONL logs: drop their records of
+    the steps after `start_step`, the step this run starts from. A resume trains
+    those steps again; so does a restart with no complete checkpoint (start 0),
+    whose folder may hold the records of a run killed before its first save.
+    Returns how many records were dropped."""
+    if not cfg.jsonl_file:
+        return 0
+    names = (cfg.jsonl_file, "validation.jsonl")
+    return sum(drop_records_after(os.path.join(dump_folder, n), start_step) for n in names)
+
+
 class MetricsLogger:
     """Writes each step to the log, and to TensorBoard / a JSONL file when enabled.
 

@@ -70,14 +70,18 @@ class RankMonitor:
         timeout_s: float,
         on_tick: Callable[[], None] | None = None,
         on_exit: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.store, self.rank, self.world = store, rank, world_size
         self.timeout_s = timeout_s
+        # Seconds for phase ages and silences; a test drives it to check that the
+        # watchdog fires at its timeout, not before.
+        self._clock = clock
         self.interval = min(2.0, max(timeout_s / 5, 0.2)) if timeout_s > 0 else 2.0
         self.on_tick = on_tick  # e.g. renewing the dump-folder lock's lease
         self.on_exit = on_exit  # e.g. releasing that lock when a peer's failure ends us
         self.phase, self.step = "startup", 0
-        self._phase_since = time.monotonic()
+        self._phase_since = clock()
         self.host, self.pid = socket.gethostname(), os.getpid()
         # Under torchrun the parent is the launcher; a new parent means it died.
         self.parent = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
@@ -96,7 +100,7 @@ class RankMonitor:
     def set_phase(self, phase: str, step: int | None = None) -> None:
         """What this rank is doing now (cheap: the thread publishes it)."""
         if phase != self.phase:
-            self._phase_since = time.monotonic()
+            self._phase_since = self._clock()
         self.phase = phase
         if step is not None:
             self.step = step
@@ -168,7 +172,7 @@ class RankMonitor:
         doc = {
             "beat": self._beats,
             "phase": self.phase,
-            "phase_s": round(time.monotonic() - self._phase_since, 1),  # a duration: no clock skew
+            "phase_s": round(self._clock() - self._phase_since, 1),  # a duration: no clock skew
             "step": self.step,
             "host": self.host,
             "pid": self.pid,
@@ -218,7 +222,7 @@ class RankMonitor:
         doc = self._read(peer)
         if doc is None or doc["phase"] == "done":
             return None
-        now = time.monotonic()
+        now = self._clock()
         key = f"{doc['beat']}"
         stalled = doc["phase"] == "data" and doc.get("phase_s", 0) >= self.timeout_s
         if not stalled and (self._seen is None or self._seen[0] != key):

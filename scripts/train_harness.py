@@ -1,5 +1,9 @@
-"""Launching training runs from Python (tests, demos, benchmarks): one torchrun
-job on CPU processes, and reading back what it logged."""
+"""The harness that tests and demo scripts use to launch training runs: one
+torchrun job on CPU processes, and reading back what it logged.
+
+It is not part of the installed package (a trainer user never needs it): the
+scripts import it as `train_harness` (`python scripts/x.py` puts scripts/ first
+on sys.path) and the tests through pytest's `pythonpath` (pyproject.toml)."""
 
 from __future__ import annotations
 
