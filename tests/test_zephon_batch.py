@@ -40,3 +40,26 @@ def test_image_data_is_not_cut_silently():
     b.images = object()
     with pytest.raises(NotImplementedError, match="image"):
         b.micro_batches(2)
+
+
+def test_cut_pads_to_the_rows_every_rank_runs():
+    """A rank with fewer rows (uneven lanes) gets fully ignored rows where it is cut:
+    inputs pad_id, labels ignored, positions 0; its own counts stay those of its rows."""
+    b = batch_of(4)
+    b.padded_to, b.pad_id = 8, 7
+    valid, digests = b.num_valid_tokens(), list(b.digests)
+    micro = b.micro_batches(2)
+    assert [m.num_rows for m in micro] == [2, 2, 2, 2]
+    assert [m.num_padded_rows for m in micro] == [0, 0, 2, 2]
+    for m in micro[:2]:
+        assert (m.labels != IGNORE_INDEX).any()
+    for m in micro[2:]:
+        assert (m.input_ids == 7).all() and (m.positions == 0).all()
+        assert (m.labels == IGNORE_INDEX).all() and m.num_valid_tokens() == 0
+    assert sum(m.num_valid_tokens() for m in micro) == valid == b.num_valid_tokens()
+    assert b.num_rows == 4 and b.digests == digests  # the batch itself is unchanged
+    with pytest.raises(ValueError, match="cannot cut 8 rows into micro-batches of 3"):
+        b.micro_batches(3)
+    b.padded_to = 3
+    with pytest.raises(ValueError, match="cannot pad a batch of 4 rows to 3"):
+        b.micro_batches(1)
