@@ -50,6 +50,8 @@ from train_harness import (
     run_logged,
 )
 
+from zephon import LayoutError, plan_layout
+
 CONFIG = REPO / "train_configs" / "llama3_debugmodel.toml"
 
 
@@ -147,11 +149,16 @@ def check_layout(args: argparse.Namespace) -> None:
     with open(args.recipe, "rb") as f:
         lanes = int(tomllib.load(f)["recipe"]["lanes"])
     g, mb = args.global_batch, args.local_batch
-    for n in sorted({args.ref_procs, *args.resume_sizes, *args.hf_resume_sizes}):
-        if lanes % n or g % n or (g // n) % mb:
+    for n in sorted({args.ref_procs, *args.resume_sizes}):
+        try:  # Zephon: the trainer's own planner (any n up to the lanes)
+            plan_layout(lanes, n, g, mb)
+        except LayoutError as exc:
+            sys.exit(f"error: {n} processes do not fit: {exc}")
+    for n in sorted({args.ref_procs, *args.hf_resume_sizes}):
+        if g % n or (g // n) % mb:  # the hf baseline splits the global batch evenly
             sys.exit(
-                f"error: {n} processes do not fit: need lanes ({lanes}) % n == 0, "
-                f"--global-batch ({g}) % n == 0 and (global batch / n) % --local-batch ({mb}) == 0"
+                f"error: {n} processes do not fit the hf baseline: need --global-batch ({g}) "
+                f"% n == 0 and (global batch / n) % --local-batch ({mb}) == 0"
             )
 
 

@@ -63,6 +63,8 @@ from train_harness import (
     run_logged,
 )
 
+from zephon import LayoutError, plan_layout
+
 CONFIG = REPO / "train_configs" / "llama3_debugmodel.toml"
 RESULTS = REPO / "docs" / "results" / "gpu_count_sensitivity.json"
 MARKERS = ("<!-- gpu_count_sensitivity:begin -->", "<!-- gpu_count_sensitivity:end -->")
@@ -154,10 +156,15 @@ def check_layout(args: argparse.Namespace) -> None:
     combos = [(n, args.local_batch) for n in args.sizes]
     combos += [(args.noise_procs, b) for b in [args.local_batch, *args.noise_local_batches]]
     for n, mb in combos:
-        if any(lane % n for lane in lanes) or g % n or (g // n) % mb:
+        try:  # Zephon: the trainer's own planner (any n up to the lanes)
+            for lane in lanes:
+                plan_layout(lane, n, g, mb)
+        except LayoutError as exc:
+            sys.exit(f"error: {n} processes with micro-batch {mb} do not fit: {exc}")
+        if g % n or (g // n) % mb:  # the hf baseline splits the global batch evenly
             sys.exit(
-                f"error: {n} processes with micro-batch {mb} do not fit: need lanes {lanes} "
-                f"% n == 0, --global-batch ({g}) % n == 0 and (global batch / n) % micro-batch == 0"
+                f"error: {n} processes with micro-batch {mb} do not fit the hf baseline: need "
+                f"--global-batch ({g}) % n == 0 and (global batch / n) % micro-batch == 0"
             )
 
 

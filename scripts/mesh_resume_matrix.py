@@ -24,6 +24,7 @@ from typing import Any
 
 from train_harness import (
     REPO,
+    compare,
     copy_checkpoint,
     ensure_sample_data,
     read_metrics,
@@ -111,15 +112,6 @@ def main() -> int:
     render_results(results, page)
     bad = [r for r in rows if not r["digests_equal"] or r["max_rel_dloss"] > LOSS_RTOL]
     return 1 if bad else 0
-
-
-def compare(label: str, got: dict, ref: dict, steps: range) -> dict:
-    digests = all(got.get(s, {}).get("digest") == ref[s]["digest"] for s in steps)
-    rel = max(
-        abs(got[s]["loss"] - ref[s]["loss"]) / abs(ref[s]["loss"]) if s in got else float("inf")
-        for s in steps
-    )
-    return {"run": label, "steps": len(steps), "digests_equal": digests, "max_rel_dloss": rel}
 
 
 if __name__ == "__main__":

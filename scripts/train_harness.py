@@ -107,6 +107,19 @@ def run_logged(
     return proc.stdout, time.perf_counter() - started
 
 
+def compare(
+    label: str, got: dict[int, dict[str, Any]], ref: dict[int, dict[str, Any]], steps: range
+) -> dict[str, Any]:
+    """One run against a reference over `steps`: whether every global-batch digest is
+    equal, and the largest relative loss difference (inf where a step is missing)."""
+    digests = all(got.get(s, {}).get("digest") == ref[s]["digest"] for s in steps)
+    rel = max(
+        abs(got[s]["loss"] - ref[s]["loss"]) / abs(ref[s]["loss"]) if s in got else float("inf")
+        for s in steps
+    )
+    return {"run": label, "steps": len(steps), "digests_equal": digests, "max_rel_dloss": rel}
+
+
 def render_results(path: Path, page: Callable[[dict[str, Any]], str]) -> int:
     """Write `path`'s .md page from its raw results JSON (`page` renders it) and print
     it; exit status 2 with a message if the JSON cannot be read."""

@@ -19,7 +19,16 @@ def _cfg(*overrides: str):
 @pytest.mark.parametrize(
     ("overrides", "dp", "expected"),
     [
-        ([], 3, ["lane count 8 is not divisible by the data-parallel size 3", "1, 2, 4, 8"]),
+        (
+            ["--parallelism.max_idle_share", "0.1"],
+            3,
+            [
+                "rows per rank 8 on 1 rank, 12 on 2 ranks",
+                "11.1% of the compute idles, more than the allowed 10.0%",
+                "data-parallel sizes without padding: 1, 2, 4, 8",
+                "parallelism.max_idle_share=0.1",
+            ],
+        ),
         ([], 16, ["data-parallel size 16 exceeds the lane count 8"]),
         (
             ["--training.global_batch_size", "36"],
@@ -27,9 +36,9 @@ def _cfg(*overrides: str):
             ["global batch size 36", "lane count 8", "32 or 40"],
         ),
         (
-            ["--training.local_batch_size", "3"],
+            ["--training.local_batch_size", "3", "--parallelism.max_idle_share", "0"],
             2,
-            ["local batch of 16 rows", "micro-batch size 3", "1, 2, 4, 8, 16"],
+            ["every rank runs 18 rows (6 micro-batches of 3)", "1, 2, 4, 8, 16"],
         ),
         (["--training.seq_len", "4096"], 2, ["training.seq_len 4096 exceeds", "2048"]),
     ],
@@ -42,10 +51,24 @@ def test_startup_validator_names_the_numbers(overrides, dp, expected):
         assert text in str(exc.value)
 
 
+def test_uneven_size_is_reported_not_refused_by_default():
+    """8 lanes on 3 ranks (2, 3 and 3 lanes of 4 rows): the smaller rank pads to the
+    same 3 micro-batches of 4, and the report names the rows and the idle share."""
+    layout = check_startup(_cfg(), 3, lanes=8, max_seq_len=2048)
+    assert layout is not None
+    assert [layout.rows_of(r) for r in range(3)] == [8, 12, 12]
+    assert (layout.rows_per_rank, layout.micro_steps) == (12, 3)
+    note = layout.imbalance() or ""
+    assert "rows per rank 8 on 1 rank, 12 on 2 ranks" in note and "11.1%" in note
+
+
 def test_hf_layout_check():
     cfg = _cfg("--data.loader", "hf", "--training.global_batch_size", "30")
     with pytest.raises(LayoutError, match="must split into 4 ranks"):
         check_startup(cfg, 4, lanes=None, max_seq_len=2048)
+    # The hf baseline keeps requiring G % D where Zephon would pad.
+    with pytest.raises(LayoutError, match="the hf baseline splits the global batch evenly"):
+        check_startup(_cfg("--data.loader", "hf"), 3, lanes=None, max_seq_len=2048)
 
 
 @pytest.mark.slow

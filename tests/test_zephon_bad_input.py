@@ -443,12 +443,14 @@ def test_huge_token_id_is_a_data_error(tmp_path: Path, tok: TokenizerInfo) -> No
     ("args", "expected"),
     [
         pytest.param(
-            (8, 3, 24, 8),
+            (8, 3, 24, 3, 0.0),
             [
-                "lane count 8 is not divisible by the data-parallel size 3",
-                "data-parallel sizes that work with 8 lanes: 1, 2, 4, 8",
+                "rows per rank 6 on 1 rank, 9 on 2 ranks",
+                "every rank runs 9 rows (3 micro-batches of 3)",
+                "11.1% of the compute idles, more than the allowed 0.0%",
+                "data-parallel sizes without padding: 1, 2, 4, 8",
             ],
-            id="L%D",
+            id="uneven-lanes-above-max_idle_share",
         ),
         pytest.param(
             (8, 2, 20, 2),
@@ -467,14 +469,17 @@ def test_huge_token_id_is_a_data_error(tmp_path: Path, tok: TokenizerInfo) -> No
             id="D>L",
         ),
         pytest.param(
-            (8, 2, 16, 3),
+            (8, 2, 16, 3, 0.05),
             [
-                "local batch of 8 rows per rank (global batch 16 / 2 ranks)",
-                "not divisible by the micro-batch size 3",
-                "micro-batch sizes that work: 1, 2, 4, 8",
+                "rows per rank 8 on 2 ranks",
+                "every rank runs 9 rows (3 micro-batches of 3)",
+                "more than the allowed 5.0%",
+                "micro-batch sizes without padding: 1, 2, 4, 8",
             ],
-            id="(G/D)%micro",
+            id="micro-padding-above-max_idle_share",
         ),
+        pytest.param((8, 2, 16, -1), ["micro-batch size (-1) must be >= 1"], id="micro<1"),
+        pytest.param((8, 2, 16, 2, 1.5), ["max_idle_share 1.5", "[0, 1]"], id="share>1"),
         pytest.param(
             (8, 0, 16, 1),
             ["data-parallel size (0)", "must all be >= 1"],
@@ -482,11 +487,19 @@ def test_huge_token_id_is_a_data_error(tmp_path: Path, tok: TokenizerInfo) -> No
         ),
     ],
 )
-def test_layout_errors_give_numbers_and_a_fix(args: tuple[int, ...], expected: list[str]) -> None:
+def test_layout_errors_give_numbers_and_a_fix(args: tuple[float, ...], expected: list[str]) -> None:
     with pytest.raises(LayoutError) as info:
         plan_layout(*args)
     for part in expected:
         assert part in str(info.value), f"{part!r} not in {info.value}"
+
+
+def test_uneven_sizes_are_reported_not_refused_by_default() -> None:
+    """What the refusals above turn into without max_idle_share: a plan and a report."""
+    layout = plan_layout(8, 3, 24, 3)
+    assert [layout.padded_rows(r) for r in range(3)] == [3, 0, 0]
+    assert "rows per rank 6 on 1 rank, 9 on 2 ranks" in (layout.imbalance() or "")
+    assert plan_layout(8, 2, 16, 3).micro_steps == 3
 
 
 def test_loader_checks_layout_before_reading(make_recipe: Any, tok: TokenizerInfo) -> None:

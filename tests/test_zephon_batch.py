@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from zephon.batch import IGNORE_INDEX, rows_to_batch
 from zephon.images.batch import ImageBatch
@@ -63,3 +64,34 @@ def test_rows_without_images_get_an_empty_image_batch():
     b.images = _images()
     empty = b.images.select_rows(1, 2)
     assert empty.num_images == 0 and empty.patches.shape == (0, 3)
+
+
+def test_cut_pads_to_the_rows_every_rank_runs():
+    """A rank with fewer rows (uneven lanes) gets fully ignored rows where it is cut:
+    inputs pad_id, labels ignored, positions 0; its own counts stay those of its rows."""
+    b = batch_of(4)
+    b.padded_to, b.pad_id = 8, 7
+    valid, digests = b.num_valid_tokens(), list(b.digests)
+    micro = b.micro_batches(2)
+    assert [m.num_rows for m in micro] == [2, 2, 2, 2]
+    assert [m.num_padded_rows for m in micro] == [0, 0, 2, 2]
+    for m in micro[:2]:
+        assert (m.labels != IGNORE_INDEX).any()
+    for m in micro[2:]:
+        assert (m.input_ids == 7).all() and (m.positions == 0).all()
+        assert (m.labels == IGNORE_INDEX).all() and m.num_valid_tokens() == 0
+    assert sum(m.num_valid_tokens() for m in micro) == valid == b.num_valid_tokens()
+    assert b.num_rows == 4 and b.digests == digests  # the batch itself is unchanged
+    with pytest.raises(ValueError, match="cannot cut 8 rows into micro-batches of 3"):
+        b.micro_batches(3)
+    b.padded_to = 3
+    with pytest.raises(ValueError, match="cannot pad a batch of 4 rows to 3"):
+        b.micro_batches(1)
+
+
+def test_padding_rows_carry_no_images():
+    b = batch_of(4)
+    b.images = _images()
+    b.padded_to, b.pad_id = 8, 7
+    micro = b.micro_batches(2)
+    assert [m.images.num_images for m in micro] == [1, 2, 0, 0]

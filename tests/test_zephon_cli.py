@@ -135,7 +135,7 @@ def test_cli_commands(
     expected = [f"step {s} {d}" for s, d in enumerate(step_digests(ranks, STEPS))]
     close(ranks)
     assert len(set(expected)) == STEPS
-    for dp in ("1", "4"):
+    for dp in ("1", "4", "3"):  # 3 ranks own 2, 3 and 3 of the 8 lanes
         assert main([*hash_args, "--dp", dp]) == 0
         assert capsys.readouterr().out.splitlines() == expected, dp
 
@@ -144,6 +144,28 @@ def test_cli_commands(
     check_validate(out["validate"], recipe, tokenizer_path)
     check_preview(out["preview"], recipe, tokenizer_path, lane=3)
     check_inspect(out["inspect"], state_file, state)
+
+
+def test_validate_reports_an_uneven_layout(
+    make_recipe: Any, tokenizer_path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = make_recipe()
+    argv = ["validate", str(recipe), "--tokenizer", tokenizer_path, "--global-batch", "16"]
+    assert main([*argv, "--dp", "3", "--micro-batch", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[3:6] == [
+        "  rank 0: lanes 0..1, 4 rows + 2 padding",
+        "  rank 1: lanes 2..4, 6 rows",
+        "  rank 2: lanes 5..7, 6 rows",
+    ]
+    assert out[6] == (
+        "imbalance padded layout: 8 lanes over 3 data-parallel ranks, rows per rank 4 on "
+        "1 rank, 6 on 2 ranks; every rank runs 6 rows (3 micro-batches of 2), so 2 of the "
+        "18 rows run per step are padding: 11.1% of the compute idles"
+    )
+    assert main([*argv, "--dp", "3", "--micro-batch", "2", "--max-idle-share", "0.1"]) == 2
+    err = capsys.readouterr().err
+    assert "more than the allowed 10.0%" in err and "without padding: 1, 2, 4, 8" in err
 
 
 def test_preview_shows_padding_as_one_segment(

@@ -244,6 +244,8 @@ class Trainer:
         )
         if self.layout is not None:
             logger.info(f"data layout {self.layout.describe()}")
+            if note := self.layout.imbalance():
+                logger.info(f"{note} (refuse above parallelism.max_idle_share)")
         val_freq = cfg.validation.freq
         while self.step < steps:
             t0 = time.perf_counter()

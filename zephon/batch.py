@@ -37,8 +37,13 @@ class Batch:
     without phases).
     num_padded_rows: rows at the end whose labels are all IGNORE_INDEX, added
     so that every rank runs the same micro-steps (0 when ranks are even).
+    padded_to: the rows every rank runs this step (the layout's rows_per_rank;
+    0: this batch's own rows). The loader hands over its real rows only;
+    `micro_batches` appends padding rows up to it (inputs `pad_id`, labels all
+    ignored, positions 0), so padding never enters a digest, the per-source
+    counts or the valid-token count.
     images: the images of the rows (`zephon.images.batch.ImageBatch`, in
-    canonical order); None for text-only rows.
+    canonical order); None for text-only rows. Padding rows have none.
     """
 
     step: int
@@ -52,6 +57,8 @@ class Batch:
     phase: str | None = None
     num_padded_rows: int = 0
     images: ImageBatch | None = None
+    padded_to: int = 0
+    pad_id: int = 0
 
     @property
     def num_rows(self) -> int:
@@ -67,22 +74,46 @@ class Batch:
         return int((labels != IGNORE_INDEX).sum())
 
     def micro_batches(self, rows: int) -> list[Batch]:
-        if rows <= 0 or self.num_rows % rows:
-            raise ValueError(f"cannot cut {self.num_rows} rows into micro-batches of {rows}")
-        real = self.num_rows - self.num_padded_rows  # padded rows come last
+        """The batch cut into micro-batches of `rows` rows, padded first to `padded_to`
+        rows: every rank gets the same number of micro-batches."""
+        total = self.padded_to or self.num_rows
+        if total < self.num_rows:
+            raise ValueError(f"cannot pad a batch of {self.num_rows} rows to {total}")
+        if rows <= 0 or total % rows:
+            raise ValueError(f"cannot cut {total} rows into micro-batches of {rows}")
+        whole = self._padded(total - self.num_rows)
+        real = total - whole.num_padded_rows  # padded rows come last
         return [
             Batch(
                 self.step,
-                self.input_ids[i : i + rows],
-                self.labels[i : i + rows],
-                self.positions[i : i + rows],
+                whole.input_ids[i : i + rows],
+                whole.labels[i : i + rows],
+                whole.positions[i : i + rows],
                 [],
                 phase=self.phase,
                 num_padded_rows=min(rows, max(0, i + rows - real)),
                 images=None if self.images is None else self.images.select_rows(i, i + rows),
             )
-            for i in range(0, self.num_rows, rows)
+            for i in range(0, total, rows)
         ]
+
+    def _padded(self, extra: int) -> Batch:
+        """This batch with `extra` padding rows appended (itself when 0)."""
+        if not extra:
+            return self
+        import torch
+
+        seq = self.input_ids.shape[1]
+        return Batch(
+            self.step,
+            torch.cat([self.input_ids, self.input_ids.new_full((extra, seq), self.pad_id)]),
+            torch.cat([self.labels, self.labels.new_full((extra, seq), IGNORE_INDEX)]),
+            torch.cat([self.positions, self.positions.new_zeros((extra, seq))]),
+            self.digests,
+            phase=self.phase,
+            num_padded_rows=self.num_padded_rows + extra,
+            images=self.images,
+        )
 
 
 def rows_to_batch(

@@ -33,6 +33,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a share in [0, 1], got {text!r}")
+    return value
+
+
 def _shape_args(p: argparse.ArgumentParser, dp: bool = True) -> None:
     p.add_argument("recipe", help="data recipe TOML")
     p.add_argument("--tokenizer", default=DEFAULT_TOKENIZER, help="tokenizer.json or its folder")
@@ -48,7 +58,7 @@ def _shape_args(p: argparse.ArgumentParser, dp: bool = True) -> None:
 def cmd_validate(a: argparse.Namespace) -> int:
     recipe = load_recipe(a.recipe)
     lanes = recipe.lanes
-    layout = plan_layout(lanes, a.dp, a.global_batch, a.micro_batch)
+    layout = plan_layout(lanes, a.dp, a.global_batch, a.micro_batch, a.max_idle_share)
     tok = load_tokenizer(a.tokenizer, recipe.tokenizer, recipe.path)
     bos = f", bos {tok.bos_id} prepended" if tok.add_bos else ""
     print(
@@ -65,6 +75,8 @@ def cmd_validate(a: argparse.Namespace) -> int:
             f"  rank {r}: lanes {ids.start}..{ids.stop - 1}, {layout.rows_of(r)} rows"
             + (f" + {layout.padded_rows(r)} padding" if layout.padded_rows(r) else "")
         )
+    if note := layout.imbalance():
+        print(f"imbalance {note}")
     total_w = sum(s.weight for s in recipe.sources)
     print(f"mixture   unit={recipe.mixture.unit}")
     for s in recipe.sources:
@@ -231,6 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("validate", help="check a recipe and a layout; print the plan")
     _shape_args(p)
+    p.add_argument(
+        "--max-idle-share",
+        type=_share,
+        default=1.0,
+        help="refuse a layout whose padding rows exceed this share of the rows run (0..1)",
+    )
     p.add_argument("--scan", action="store_true", help="read every record; list all bad ones")
     p.add_argument("--scan-workers", type=_positive, default=None, help="scan processes")
     p.set_defaults(fn=cmd_validate)

@@ -3,11 +3,14 @@
 One planner answers every layout question (which lanes and rows a rank owns,
 how many micro-steps every rank runs, how many rows are padding, how much
 compute idles), so the loader, the trainer's startup check, `zephon validate`
-and the training loop can never disagree. See docs/design.md, "Lanes".
+and the training loop can never disagree. See docs/design.md §2.
 
-The rule today: `L % D == 0`, `G % L == 0`, `D <= L` and `(G / D) % micro == 0`;
-rank r owns the contiguous lanes [r*L/D, (r+1)*L/D), so every rank has the
-same rows and nothing is padded.
+The rule: `1 <= D <= L` and `G % L == 0`. Rank r owns the contiguous lanes
+[floor(r*L/D), floor((r+1)*L/D)), so ranks own floor(L/D) or ceil(L/D) lanes
+when D does not divide L. Every rank runs the same rows per step: the largest
+rank's rows rounded up to a whole number of micro-batches; the rows a rank
+lacks are padding (every label ignored). The share of compute spent on padding
+is reported, and refused only above `max_idle_share`.
 """
 
 from __future__ import annotations
@@ -17,13 +20,13 @@ from dataclasses import dataclass
 from zephon.errors import LayoutError
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def _multiples(of: int, near: int) -> str:
     lo = max(of, (near // of) * of)
     return f"{lo} or {lo + of}" if lo != near else str(lo)
+
+
+def _ranks(n: int) -> str:
+    return f"{n} rank" if n == 1 else f"{n} ranks"
 
 
 @dataclass(frozen=True)
@@ -49,9 +52,20 @@ class Layout:
         return len(self.lanes_of(dp_rank)) * self.rows_per_lane
 
     @property
+    def rank_rows(self) -> dict[int, int]:
+        """Real rows per step -> how many ranks have that many, fewest rows first."""
+        few, extra = divmod(self.lanes, self.dp_size)  # `extra` ranks own one more lane
+        counts = {few * self.rows_per_lane: self.dp_size - extra}
+        if extra:
+            counts[(few + 1) * self.rows_per_lane] = extra
+        return counts
+
+    @property
     def rows_per_rank(self) -> int:
-        """Rows every rank runs per step, padding included."""
-        return max(self.rows_of(r) for r in range(self.dp_size))
+        """Rows every rank runs per step, padding included: the largest rank's rows
+        rounded up to a whole number of micro-batches."""
+        most = max(self.rank_rows)
+        return -(-most // self.micro_batch_size) * self.micro_batch_size
 
     def padded_rows(self, dp_rank: int) -> int:
         """Rows of rank r that are padding (all labels ignored)."""
@@ -63,9 +77,14 @@ class Layout:
         return self.rows_per_rank // self.micro_batch_size
 
     @property
+    def total_padded_rows(self) -> int:
+        """Padding rows over all ranks per step."""
+        return self.dp_size * self.rows_per_rank - self.global_batch_size
+
+    @property
     def idle_share(self) -> float:
         """Share of the rows run that are padding: compute spent on nothing."""
-        return 1.0 - self.global_batch_size / (self.dp_size * self.rows_per_rank)
+        return self.total_padded_rows / (self.dp_size * self.rows_per_rank)
 
     def describe(self) -> str:
         return (
@@ -75,28 +94,55 @@ class Layout:
             f"idle={self.idle_share:.1%}"
         )
 
+    def imbalance(self) -> str | None:
+        """One sentence on the padding (rows per rank, idle share); None when no
+        rank pads."""
+        if not self.total_padded_rows:
+            return None
+        real = ", ".join(f"{rows} on {_ranks(n)}" for rows, n in self.rank_rows.items())
+        return (
+            f"padded layout: {self.lanes} lanes over {self.dp_size} data-parallel ranks, "
+            f"rows per rank {real}; every rank runs {self.rows_per_rank} rows "
+            f"({self.micro_steps} micro-batches of {self.micro_batch_size}), so "
+            f"{self.total_padded_rows} of the {self.dp_size * self.rows_per_rank} rows run per "
+            f"step are padding: {self.idle_share:.1%} of the compute idles"
+        )
+
+    def even_alternatives(self) -> str:
+        """What would run without padding: data-parallel sizes, and micro-batch sizes
+        at this size when its lanes split evenly."""
+        g, micro = self.global_batch_size, self.micro_batch_size
+        sizes = [
+            d for d in range(1, self.lanes + 1) if self.lanes % d == 0 and (g // d) % micro == 0
+        ]
+        text = f"data-parallel sizes without padding: {', '.join(map(str, sizes)) or 'none'}"
+        if len(self.rank_rows) == 1:  # lanes split evenly: only the micro-batch pads
+            local = g // self.dp_size
+            fits = [m for m in range(1, local + 1) if local % m == 0]
+            text += f"; micro-batch sizes without padding: {', '.join(map(str, fits))}"
+        return text
+
 
 def plan_layout(
-    lanes: int, dp_size: int, global_batch_size: int, micro_batch_size: int | None = None
+    lanes: int,
+    dp_size: int,
+    global_batch_size: int,
+    micro_batch_size: int | None = None,
+    max_idle_share: float = 1.0,
 ) -> Layout:
     """The layout of G rows over D ranks; raises LayoutError naming the numbers
-    and what would work. `micro_batch_size` None means one micro-batch per step."""
-    micro = micro_batch_size or max(global_batch_size // max(dp_size, 1), 1)
-    if lanes < 1 or dp_size < 1 or global_batch_size < 1 or micro < 1:
+    and what would work. `micro_batch_size` None means one micro-batch per step
+    (of the largest rank's rows). `max_idle_share` refuses a layout whose padding
+    is a larger share of the rows run (1.0, the default, allows any)."""
+    if lanes < 1 or dp_size < 1 or global_batch_size < 1:
         raise LayoutError(
-            f"lanes ({lanes}), data-parallel size ({dp_size}), global batch size "
-            f"({global_batch_size}) and micro-batch size ({micro}) must all be >= 1"
+            f"lanes ({lanes}), data-parallel size ({dp_size}) and global batch size "
+            f"({global_batch_size}) must all be >= 1"
         )
     if dp_size > lanes:
         raise LayoutError(
             f"data-parallel size {dp_size} exceeds the lane count {lanes}: every rank needs at "
             f"least one lane; raise [recipe] lanes to a multiple of {dp_size}"
-        )
-    if lanes % dp_size:
-        raise LayoutError(
-            f"lane count {lanes} is not divisible by the data-parallel size {dp_size}; "
-            f"data-parallel sizes that work with {lanes} lanes: "
-            f"{', '.join(map(str, _divisors(lanes)))} (or set lanes to a multiple of {dp_size})"
         )
     if global_batch_size % lanes:
         raise LayoutError(
@@ -104,20 +150,24 @@ def plan_layout(
             f"(each lane gives G/L rows per step); use e.g. "
             f"{_multiples(lanes, global_batch_size)}"
         )
+    most_lanes = -(-lanes // dp_size)
+    micro = micro_batch_size or most_lanes * (global_batch_size // lanes)
+    if micro < 1:
+        raise LayoutError(f"micro-batch size ({micro}) must be >= 1")
+    if not 0.0 <= max_idle_share <= 1.0:
+        raise LayoutError(f"max_idle_share {max_idle_share} is not a share in [0, 1]")
     layout = Layout(lanes, dp_size, global_batch_size, micro)
-    local = layout.rows_per_rank
-    if local % micro:
+    if layout.idle_share > max_idle_share:
         raise LayoutError(
-            f"the local batch of {local} rows per rank (global batch {global_batch_size} / "
-            f"{dp_size} ranks) is not divisible by the micro-batch size {micro}; "
-            f"micro-batch sizes that work: {', '.join(map(str, _divisors(local)))}"
+            f"{layout.imbalance()}, more than the allowed {max_idle_share:.1%}; "
+            f"{layout.even_alternatives()} (or raise the allowed idle share)"
         )
     return layout
 
 
 def lanes_of_rank(lanes: int, dp_size: int, dp_rank: int) -> range:
-    """The contiguous lanes [r*L/D, (r+1)*L/D) owned by data-parallel rank r."""
+    """The contiguous lanes [floor(r*L/D), floor((r+1)*L/D)) owned by data-parallel
+    rank r: every lane once, in lane order, floor(L/D) or ceil(L/D) per rank."""
     if not 0 <= dp_rank < dp_size:
         raise LayoutError(f"data-parallel rank {dp_rank} is outside [0, {dp_size})")
-    per = lanes // dp_size
-    return range(dp_rank * per, (dp_rank + 1) * per)
+    return range(dp_rank * lanes // dp_size, (dp_rank + 1) * lanes // dp_size)

@@ -1,8 +1,11 @@
 """ZephonLoader: one data-parallel rank's view of the global batch stream.
 
-The rank owns lanes [r*L/D, (r+1)*L/D). Each step it takes G/L rows from
-every owned lane, in lane order; concatenating all ranks' batches in rank
-order gives the same bytes for any D that divides L. This class is the
+The rank owns lanes [floor(r*L/D), floor((r+1)*L/D)) (zephon/layout.py).
+Each step it takes G/L rows from every owned lane, in lane order;
+concatenating all ranks' batches in rank order gives the same bytes for any
+D <= L. A rank with fewer lanes hands over its real rows only, and its batch
+says how many rows every rank runs (`Batch.padded_to`), so the cut into
+micro-batches pads it to the same micro-steps. This class is the
 trainer's interface and ties the parts together: the sources and scheduler
 (context.py), producing batches (production.py) and the flush points a
 checkpoint records (flush_log.py). The checkpoint state counts only the
@@ -43,7 +46,8 @@ class ZephonLoader:
         tokenizer: path of a `tokenizer.json` (or a loaded TokenizerInfo).
         seq_len: tokens per training row (rows hold seq_len + 1 tokens).
         global_batch_size: rows per step over all ranks (a multiple of the lanes).
-        micro_batch_size: rows per micro-batch (only validated here).
+        micro_batch_size: rows per micro-batch (sets the rows every rank runs per
+            step, `Batch.padded_to`, when ranks own different numbers of lanes).
         dp_rank, dp_size: this rank and the data-parallel degree.
         num_workers, prefetch, lookahead_tokens, cache_dir: execution settings;
             None takes the recipe's. They never change a byte of output.
@@ -176,6 +180,7 @@ class ZephonLoader:
             self._ended = True
             raise item
         batch, flushes = item  # type: ignore[misc]
+        batch.padded_to, batch.pad_id = self.layout.rows_per_rank, self.tok.pad_id
         self.step += 1
         for lane, points in flushes.items():
             self._flushes.add(lane, points, self.step * self.rows_per_lane)

@@ -91,6 +91,10 @@ class Parallelism:
     defer_grad_sync: bool = False
     """Reduce gradients only on the last micro-batch: fewer collectives, but every rank
     holds the whole model's unsharded gradients until then (small models only)."""
+    max_idle_share: float = 1.0
+    """Zephon loader: refuse a data-parallel size whose padding rows (ranks owning fewer
+    lanes, or a micro-batch that does not divide the local batch) exceed this share of
+    the rows run; 1.0 allows any, 0.0 only even layouts."""
 
 
 @dataclass
@@ -393,6 +397,7 @@ def _check_ranges(cfg: JobConfig, provenance: dict[tuple[str, str], str]) -> Non
         ("parallelism", "data_parallel_replicate_degree", lambda v: v >= 1, "an integer >= 1"),
         ("parallelism", "data_parallel_shard_degree", lambda v: v == -1 or v >= 1, "-1 or >= 1"),
         ("parallelism", "tensor_parallel_degree", lambda v: v >= 1, "an integer >= 1"),
+        ("parallelism", "max_idle_share", lambda v: 0 <= v <= 1, "a share in [0, 1]"),
         ("checkpoint", "interval", lambda v: v >= 1, "an integer >= 1"),
         ("checkpoint", "keep_latest_k", lambda v: v >= 0, "an integer >= 0"),
         ("checkpoint", "load_step", lambda v: v >= -1, "-1 or a step >= 0"),

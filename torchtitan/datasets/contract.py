@@ -31,7 +31,9 @@ class TrainBatch(Protocol):
         ...
 
     def micro_batches(self, rows: int) -> Sequence[Any]:
-        """The batch cut into micro-batches of `rows` rows, for gradient accumulation."""
+        """The batch cut into micro-batches of `rows` rows, for gradient accumulation;
+        a rank with fewer rows than others pads with fully ignored rows, so every
+        data-parallel rank runs the same number (FSDP's collectives line up)."""
         ...
 
 

@@ -168,10 +168,12 @@ def check_validation_ends(cfg: JobConfig, recipe: Recipe) -> None:
 
 
 def check_startup(
-    cfg: JobConfig, dp_size: int, lanes: int | None, max_seq_len: int
+    cfg: JobConfig, dp_size: int, lanes: int | None, max_seq_len: int, recipe: str = ""
 ) -> Layout | None:
     """The startup validator: each failure is one message naming the numbers.
-    Returns the Zephon layout (None for the hf loader)."""
+    Returns the Zephon layout (None for the hf loader): any data-parallel size up
+    to the lane count, its padding refused only above `parallelism.max_idle_share`.
+    The hf baseline splits the global batch evenly and keeps requiring G % D."""
     t = cfg.training
     if t.seq_len > max_seq_len:
         raise LayoutError(
@@ -180,18 +182,27 @@ def check_startup(
         )
     if lanes is not None:
         try:
-            return plan_layout(lanes, dp_size, t.global_batch_size, t.local_batch_size)
+            return plan_layout(
+                lanes,
+                dp_size,
+                t.global_batch_size,
+                t.local_batch_size,
+                cfg.parallelism.max_idle_share,
+            )
         except LayoutError as exc:
             raise LayoutError(
                 f"{exc} [training.global_batch_size={t.global_batch_size}, "
                 f"training.local_batch_size={t.local_batch_size}, data-parallel size={dp_size}, "
-                f"lanes={lanes} from {cfg.data.recipe}]"
+                f"parallelism.max_idle_share={cfg.parallelism.max_idle_share}, "
+                f"lanes={lanes} from {recipe or cfg.data.recipe}]"
             ) from None
     local, rem = divmod(t.global_batch_size, dp_size)
     if rem or local % t.local_batch_size:
         raise LayoutError(
             f"training.global_batch_size {t.global_batch_size} must split into {dp_size} ranks "
-            f"x whole micro-batches of training.local_batch_size {t.local_batch_size}"
+            f"x whole micro-batches of training.local_batch_size {t.local_batch_size}: the hf "
+            "baseline splits the global batch evenly (uneven data-parallel sizes are the "
+            "zephon loader's)"
         )
     return None
 
@@ -205,6 +216,6 @@ def check_data_startup(cfg: JobConfig, dp_size: int, max_seq_len: int) -> Layout
         if not cfg.validation.recipe:
             raise ConfigError("validation.enable = true needs validation.recipe")
         val_recipe = load_recipe(cfg.validation.recipe)
-        check_startup(cfg, dp_size, val_recipe.lanes, 1 << 30)
+        check_startup(cfg, dp_size, val_recipe.lanes, 1 << 30, cfg.validation.recipe)
         check_validation_ends(cfg, val_recipe)
     return layout
