@@ -24,6 +24,7 @@ import gpu_count_sensitivity
 import mesh_resume_matrix
 import pytest
 import two_node_resume
+import uneven_resume
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results"
@@ -38,6 +39,7 @@ PAGES: dict[str, Callable[[Any], str]] = {
     "gpu_count_sensitivity": gpu_count_sensitivity.markdown,
     "mesh_resume_matrix": mesh_resume_matrix.page,
     "two_node_resume": two_node_resume.page,
+    "uneven_resume": uneven_resume.page,
 }
 # docs/results name -> PAGES key, where the page is not named after its script.
 NAMES = {"grad_memory": "bench_grad_memory"}
