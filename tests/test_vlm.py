@@ -32,7 +32,12 @@ def _decoder_inputs(model: VisionLanguageModel, *args: object) -> torch.Tensor:
     """The embeddings the decoder's blocks receive (what forward placed)."""
     seen = []
     forward = model.decoder.forward_embeddings
-    model.decoder.forward_embeddings = lambda h, *a: (seen.append(h), forward(h, *a))[1]
+
+    def record(h: torch.Tensor, *rest: object) -> torch.Tensor:
+        seen.append(h)
+        return forward(h, *rest)
+
+    model.decoder.forward_embeddings = record
     model(*args)
     return seen[0]
 
