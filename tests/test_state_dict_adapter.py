@@ -119,12 +119,12 @@ def test_converted_query_rows_rotate_like_hugging_face():
 
 
 def test_registry():
-    assert MODEL_NAMES == ("llama3",)
+    assert MODEL_NAMES == ("llama3", "vlm")
     spec = get_model_spec("llama3")
     assert spec.name == "llama3" and set(spec.flavors) == {"debugmodel", "1B", "8B"}
     args = spec.model_args("debugmodel", vocab_size=300)
     assert isinstance(spec.state_dict_adapter(args), Llama3StateDictAdapter)
     with torch.device("meta"):
         assert isinstance(spec.build(args), Transformer)
-    with pytest.raises(ValueError, match="unknown model 'gpt': expected one of 'llama3'"):
+    with pytest.raises(ValueError, match="unknown model 'gpt': expected one of 'llama3', 'vlm'"):
         get_model_spec("gpt")

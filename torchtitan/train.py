@@ -173,9 +173,7 @@ class Trainer:
         for i, mb in enumerate(micro):
             if defer:
                 self.model.set_requires_gradient_sync(i == len(micro) - 1)
-            logits = self.model(
-                to_device(mb.input_ids, self.device), to_device(mb.positions, self.device)
-            )
+            logits = self.model(**self.spec.inputs(mb, self.device))
             loss_sum, _ = cross_entropy_sum(logits, to_device(mb.labels, self.device))
             (loss_sum * scale).backward()
             loss_total += loss_sum.detach()
@@ -222,9 +220,7 @@ class Trainer:
                 if not self._batch_counts(batch)[0]:
                     break
                 for mb in batch.micro_batches(cfg.training.local_batch_size):
-                    logits = self.model(
-                        to_device(mb.input_ids, self.device), to_device(mb.positions, self.device)
-                    )
+                    logits = self.model(**self.spec.inputs(mb, self.device))
                     loss_sum, n_valid = cross_entropy_sum(logits, to_device(mb.labels, self.device))
                     totals[0] += loss_sum.double()
                     totals[1] += n_valid.double()

@@ -139,8 +139,8 @@ PILLOW_PIXEL_LIMIT = 2 * 89_478_485
 class ImageSpec:
     """How image records become pixels and patches (DESIGN §14; zephon/images/).
 
-    Every field decides pixels, so each enters the recipe digest, but only when
-    set (the fields were added after digests were pinned). The defaults: 14-pixel
+    Every field decides pixels or token ids, so each enters the recipe digest,
+    but only when set (the fields were added after digests were pinned). The defaults: 14-pixel
     patches merged 2 x 2 into one placeholder token, so an image is a whole number
     of 28 x 28 windows; at least 4 windows (56 x 56 pixels) and at most 1024
     (1024 placeholder tokens); images over 64 megapixels refused before decoding.
@@ -152,9 +152,26 @@ class ImageSpec:
     max_pixels: int = 1024 * 28 * 28
     max_decoded_pixels: int = 64_000_000  # larger images are refused from their header
     background: tuple[int, int, int] = (255, 255, 255)  # under transparent pixels
+    # The tokenizer's own image start / placeholder / end tokens, by name; all
+    # three or none. None: ids appended after the vocabulary (zephon/images/tokens.py).
+    start_token: str = ""
+    pad_token: str = ""
+    end_token: str = ""
 
     def __post_init__(self) -> None:
         """Bad values raise ValueError('field: what was expected, got value')."""
+        names = {k: getattr(self, k) for k in ("start_token", "pad_token", "end_token")}
+        for name, value in names.items():
+            if not isinstance(value, str):
+                raise ValueError(f"{name}: expected a token of the tokenizer, got {value!r}")
+        if any(names.values()) and not all(names.values()):
+            unset = ", ".join(k for k, v in names.items() if not v)
+            raise ValueError(
+                f"{unset}: expected all of start_token, pad_token and end_token or none "
+                f"(none: the image tokens are appended after the vocabulary), got {names}"
+            )
+        if all(names.values()) and len(set(names.values())) < 3:
+            raise ValueError(f"start_token: the three image tokens must differ, got {names}")
         for name in ("patch_size", "merge", "min_pixels", "max_pixels", "max_decoded_pixels"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -497,6 +514,7 @@ def _parse_image(file: str, raw: Any) -> ImageSpec:
         k: t.get(k, int)
         for k in ("patch_size", "merge", "min_pixels", "max_pixels", "max_decoded_pixels")
     }
+    tokens = {k: t.get(k, str) for k in ("start_token", "pad_token", "end_token")}
     bg = t.get("background", (list, str))
     if isinstance(bg, str):
         hex_digits = bg[1:] if bg.startswith("#") else ""
@@ -507,7 +525,7 @@ def _parse_image(file: str, raw: Any) -> ImageSpec:
         bg = [int(hex_digits[i : i + 2], 16) for i in (0, 2, 4)]
     t.finish()
     try:
-        return ImageSpec(**values, background=tuple(bg))
+        return ImageSpec(**values, **tokens, background=tuple(bg))
     except ValueError as exc:
         raise RecipeError(f"{file}: image.{exc}") from None
 

@@ -121,8 +121,14 @@ def load_initial(cfg: JobConfig, model: torch.nn.Module, optimizer: Any, args: A
                 "checkpoint.initial_load_optimizer: a Hugging Face folder has no optimizer "
                 "state; it needs a step folder of this trainer"
             )
+        make_adapter = get_model_spec(cfg.model.name).state_dict_adapter
+        if make_adapter is None:
+            raise ConfigError(
+                f"checkpoint.initial_load_path {path} is a Hugging Face folder, but model "
+                f"{cfg.model.name!r} has no Hugging Face import"
+            )
         try:
-            adapter = get_model_spec(cfg.model.name).state_dict_adapter(args)
+            adapter = make_adapter(args)
             nbytes = load_hf_folder(model, adapter, path)
         except HFCheckpointError as exc:
             raise CheckpointError(str(exc)) from None

@@ -47,8 +47,9 @@ class Model:
     name: str = "llama3"
     """The model, a key of the registry in torchtitan/models/__init__.py."""
     flavor: str = "debugmodel"
-    """Key of ``LLAMA3_FLAVORS`` (debugmodel, 1B, 8B), or "hf": the shape of a
-    Hugging Face config.json (``hf_config``, else ``checkpoint.initial_load_path``)."""
+    """A flavor of the model (llama3: debugmodel, 1B, 8B; vlm: debugmodel, 1B), or
+    "hf" (llama3): the shape of a Hugging Face config.json (``hf_config``, else
+    ``checkpoint.initial_load_path``)."""
     hf_config: str = ""
     """With flavor "hf": a Hugging Face config.json or its folder."""
     attention: Literal["doc_causal", "causal"] = "doc_causal"

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 _SPEC_MODULES: dict[str, str] = {
     "llama3": "torchtitan.models.llama3.spec",
+    "vlm": "torchtitan.models.vlm.spec",
 }
 MODEL_NAMES: tuple[str, ...] = tuple(_SPEC_MODULES)
 

@@ -65,12 +65,24 @@ class ModelSpec:
     naming the key for a setting the model lacks."""
     hf_config: Callable[..., dict[str, Any]]
     """(args, dtype) -> the config.json document `transformers` loads."""
-    state_dict_adapter: Callable[[Any], StateDictAdapter]
-    """args -> the adapter between parameters and Hugging Face tensors."""
+    state_dict_adapter: Callable[[Any], StateDictAdapter] | None
+    """args -> the adapter between parameters and Hugging Face tensors; None for a
+    model without Hugging Face import or export."""
     flops_per_token: Callable[[Any, int], float]
     """(args, seq_len) -> training FLOPs per token, for MFU."""
     describe: Callable[[Any], str]
     """args -> a few words for the start-up log line (e.g. the attention mode)."""
+    inputs: Callable[[Any, torch.device], dict[str, Any]]
+    """(micro-batch, device) -> the model's keyword arguments, on `device`: what the
+    model reads of a `zephon.batch.Batch` (`text_inputs`, or more, e.g. images), so
+    the training loop calls every model the same way."""
+
+
+def text_inputs(mb: Any, device: torch.device) -> dict[str, Any]:
+    """A text model's inputs: `tokens` and per-document `positions`."""
+    from torchtitan.distributed.device_io import to_device  # torch only when called
+
+    return {"tokens": to_device(mb.input_ids, device), "positions": to_device(mb.positions, device)}
 
 
 def count_parameters(model: torch.nn.Module) -> int:

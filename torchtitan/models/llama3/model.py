@@ -193,7 +193,15 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """``tokens [B, S]`` (and optional per-document ``positions [B, S]``) ->
         logits ``[B, S, vocab_size]``."""
-        seq_len = tokens.shape[1]
+        return self.forward_embeddings(self.tok_embeddings(tokens), tokens.shape[1], positions)
+
+    def forward_embeddings(
+        self, h: torch.Tensor, seq_len: int, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The decoder from input embeddings: ``h [B, S, dim]`` (under tensor
+        parallelism this rank's sequence shard of them; ``seq_len`` is the whole
+        S) -> logits ``[B, S, vocab_size]``. A model that puts other embeddings
+        at some positions (image features) calls this instead of ``forward``."""
         if seq_len > self.args.max_seq_len:
             raise ValueError(
                 f"sequence length {seq_len} exceeds max_seq_len {self.args.max_seq_len}"
@@ -208,7 +216,6 @@ class Transformer(nn.Module):
             else:
                 mask = document_causal_mask(positions)
 
-        h = self.tok_embeddings(tokens)
         for layer in self.layers.values():
             h = layer(h, rope, mask)
         h = self.norm(h)
@@ -250,10 +257,10 @@ class Transformer(nn.Module):
             else:
                 p_std = residual_std if id(param) in residual_params else std
                 full.normal_(0.0, p_std, generator=generator)
-            _copy_full_into(param, full)
+            copy_full_into(param, full)
 
 
-def _copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:
+def copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:
     """Copy a full (unsharded) tensor into ``param``, which may be an FSDP2 DTensor."""
     if isinstance(param, DTensor):
         local = param.to_local()

@@ -15,7 +15,7 @@ everything after it are the same as without tensor parallelism.
 from __future__ import annotations
 
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Placement, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -88,14 +88,24 @@ def apply_activation_checkpointing(model: Transformer) -> None:
         block.checkpoint_activations = True
 
 
-def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh) -> None:
+# Between blocks the residual stream is sharded along the sequence.
+SEQUENCE_SHARDED: Placement = Shard(1)
+
+
+def apply_tensor_parallel(
+    model: Transformer, tp_mesh: DeviceMesh, embeddings_layout: Placement = SEQUENCE_SHARDED
+) -> None:
     """Shard `model` (meta or real) in place over `tp_mesh`. Attention reads its
-    head counts from the projected shapes, so it runs unchanged on n_heads / tp heads."""
+    head counts from the projected shapes, so it runs unchanged on n_heads / tp heads.
+    `embeddings_layout` Replicate(): the token embeddings come out whole, for a model
+    that edits them before the blocks (and then cuts this rank's sequence shard)."""
     parallelize_module(
         model,
         tp_mesh,
         {
-            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "tok_embeddings": RowwiseParallel(
+                input_layouts=Replicate(), output_layouts=embeddings_layout
+            ),
             "norm": SequenceParallel(),
             "output": ColwiseParallel(
                 input_layouts=Shard(1), output_layouts=Replicate(), use_local_output=True

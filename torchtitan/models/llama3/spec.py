@@ -12,7 +12,7 @@ from torchtitan.models.llama3.state_dict_adapter import (
     args_from_hf_config,
     config_from_model_args,
 )
-from torchtitan.models.spec import ModelSpec
+from torchtitan.models.spec import ModelSpec, text_inputs
 
 
 def _describe(args: ModelArgs) -> str:
@@ -31,4 +31,5 @@ SPEC = ModelSpec(
     state_dict_adapter=Llama3StateDictAdapter,
     flops_per_token=flops_per_token,
     describe=_describe,
+    inputs=text_inputs,
 )
