@@ -171,6 +171,8 @@ class LaneDemand:
             if not any(active):
                 break
             k = mix.choose(active)
+            if k < 0:  # every source left is paused in this phase
+                break
             f = feeds[k]
             ids = f.slots[idx[k]].ids if idx[k] < len(f.slots) else None
             if ids is None:

@@ -2,34 +2,43 @@
 
 The rank owns lanes [r*L/D, (r+1)*L/D). Each step it takes G/L rows from
 every owned lane, in lane order; concatenating all ranks' batches in rank
-order gives the same bytes for any D that divides L. This class is the
+order gives the same bytes for any D that divides L. The recipe may change
+G, seq_len, the mixture and L at phase boundaries (phases.py); the loader
+follows that schedule, and every batch says its phase. This class is the
 trainer's interface and ties the parts together: the sources and scheduler
-(context.py), producing batches (production.py) and the flush points a
-checkpoint records (flush_log.py). The checkpoint state counts only the
-steps the trainer took.
+(context.py), producing batches (production.py), the flush points a
+checkpoint records (flush_log.py) and where a restore starts (resume.py).
+The checkpoint state counts only the steps the trainer took.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
+from collections.abc import Collection
 from typing import Any
 
 from zephon.batch import Batch
 from zephon.context import PipelineContext, open_sources
-from zephon.flush_log import FlushLog, FlushPoint, restore_points
+from zephon.deal import Record
+from zephon.errors import StateError
+from zephon.flush_log import FlushLog, FlushPoint
 from zephon.lane import LaneStream, initial_snapshot
-from zephon.layout import plan_layout
-from zephon.planner import UniformSteps
-from zephon.production import END, BatchProducer
+from zephon.layout import Layout, plan_layout
+from zephon.phases import MicroBatch, Phase, Segment, SegmentSteps, resolve_schedule
+from zephon.production import BOUNDARY, END, BatchProducer
 from zephon.recipe import Recipe, load_recipe
+from zephon.resume import resume_starts
 from zephon.scheduler import DemandScheduler
 from zephon.state import (
     STATE_FORMAT,
     STATE_VERSION,
     check_fingerprint,
     check_header,
+    fingerprint_at,
     make_fingerprint,
+    upgrade,
 )
 from zephon.tokenize import TokenizerInfo, resolve_tokenizer
 from zephon.tolerant import dropped_count, dropped_state, restore_dropped
@@ -41,15 +50,26 @@ class ZephonLoader:
     Args:
         recipe: a Recipe or the path of a recipe TOML.
         tokenizer: path of a `tokenizer.json` (or a loaded TokenizerInfo).
-        seq_len: tokens per training row (rows hold seq_len + 1 tokens).
-        global_batch_size: rows per step over all ranks (a multiple of the lanes).
-        micro_batch_size: rows per micro-batch (only validated here).
+        seq_len: tokens per training row (rows hold seq_len + 1 tokens); with
+            phases, the first phase's unless the recipe sets it.
+        global_batch_size: rows per step over all ranks (a multiple of the lanes);
+            with phases, the first phase's unless the recipe sets it.
+        micro_batch_size: rows per micro-batch, or a function of the Phase giving
+            them (only validated here).
         dp_rank, dp_size: this rank and the data-parallel degree.
         num_workers, prefetch, lookahead_tokens, cache_dir: execution settings;
             None takes the recipe's. They never change a byte of output.
         block_prefetch: deprecated and ignored (lookahead is one token budget).
         trace: record (source, document index) of every packed document per
-            lane in `self.traces` (for accounting tests and debugging).
+            lane id in `self.traces` (for accounting tests and debugging; after a
+            lane-count change new lane j's documents follow old lane j's).
+        explicit: which of "seq_len" and "global_batch_size" the job set on
+            purpose: one the recipe's first phase sets to another value is an error.
+        micro_batch_tokens: tokens per micro-batch instead of micro_batch_size
+            (a multiple of every phase's seq_len).
+
+    The layout of the last phase is checked here; the start (or a restore)
+    checks every phase not finished by then, so an error comes before any batch.
     """
 
     def __init__(
@@ -58,7 +78,7 @@ class ZephonLoader:
         tokenizer: str | os.PathLike[str] | TokenizerInfo,
         seq_len: int,
         global_batch_size: int,
-        micro_batch_size: int | None = None,
+        micro_batch_size: MicroBatch = None,
         dp_rank: int = 0,
         dp_size: int = 1,
         num_workers: int | None = None,
@@ -67,17 +87,17 @@ class ZephonLoader:
         cache_dir: str | None = None,
         trace: bool = False,
         lookahead_tokens: int | None = None,
+        explicit: Collection[str] = (),
+        micro_batch_tokens: int | None = None,
     ):
         self.recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
         ex = self.recipe.execution
-        self.layout = plan_layout(self.recipe.lanes, dp_size, global_batch_size, micro_batch_size)
-        if seq_len < 1:
-            raise ValueError(f"seq_len must be >= 1, got {seq_len}")
-        self.tok = resolve_tokenizer(tokenizer, self.recipe)
-        self.seq_len, self.global_batch_size = seq_len, global_batch_size
+        self.schedule = resolve_schedule(self.recipe, seq_len, global_batch_size, explicit)
         self.dp_rank, self.dp_size = dp_rank, dp_size
-        self.rows_per_lane = self.layout.rows_per_lane
-        self.lane_ids = self.layout.lanes_of(dp_rank)
+        self._micro, self._micro_tokens = micro_batch_size, micro_batch_tokens
+        self._layouts: dict[str | None, Layout] = {}
+        self._check_layouts(self.schedule.phases[-1].start_step)
+        self.tok = resolve_tokenizer(tokenizer, self.recipe)
         self.num_workers = ex.workers if num_workers is None else num_workers
         self.prefetch = ex.prefetch if prefetch is None else prefetch
         readers, plans = open_sources(self.recipe, cache_dir or ex.cache_dir or None)
@@ -88,33 +108,100 @@ class ZephonLoader:
                 DeprecationWarning,
                 stacklevel=2,
             )
-        # Lookahead: one budget in tokens for the rank; default two steps of its rows.
-        row_len = seq_len + 1
-        rank_step_tokens = len(self.lane_ids) * self.rows_per_lane * row_len
+        # Lookahead: one budget in tokens for the rank; default two steps of its
+        # rows, of the phase with the most.
+        rank_step_tokens = max(
+            math.ceil(p.lanes / dp_size) * p.rows_per_lane * (p.seq_len + 1)
+            for p in self.schedule.phases
+        )
         budget = lookahead_tokens if lookahead_tokens is not None else ex.lookahead_tokens
         self.lookahead_tokens = budget or 2 * rank_step_tokens
+        first = self.schedule.segments[0]
         self._scheduler: DemandScheduler | None = DemandScheduler(
             self.tok,
             self.num_workers,
             self.lookahead_tokens,
-            UniformSteps(self.rows_per_lane * row_len),
+            SegmentSteps(first),
             self.recipe.mixture.unit,
         )
         self.source_names = tuple(s.name for s in self.recipe.sources)
-        self.ctx = PipelineContext(self.recipe, readers, plans, self.tok, row_len, self._scheduler)
-        self.fingerprint = make_fingerprint(
-            self.recipe, readers, self.tok, seq_len, global_batch_size
-        )
-        self.traces: dict[int, list[tuple[int, int]]] | None = (
-            {lane: [] for lane in self.lane_ids} if trace else None
-        )
+        self.ctx = PipelineContext(self.recipe, readers, plans, self.tok, self._scheduler)
+        self.fingerprint = make_fingerprint(self.recipe, readers, self.tok, self.schedule)
+        self.traces: dict[int, list[tuple[int, int]]] | None = {} if trace else None
         self._producer: BatchProducer | None = None
-        start = initial_snapshot(self.recipe)
-        self._plan_start({lane: (start, 0) for lane in self.lane_ids}, step=0)
+        self._deals: dict[str, list[Record]] = {}
+        # A fresh start is planned when first needed: a loader built to be restored
+        # at a later phase may not fit the first phase's layout.
+        self.step, self._segment, self.lane_ids = 0, first, []
+        self._ended = False
+
+    def _plan_fresh(self) -> None:
+        """Plan a start from step 0, unless a start (fresh or restored) is planned."""
+        if self._producer is None:
+            self._check_layouts(0)
+            first = self.schedule.segments[0]
+            start = initial_snapshot(self.recipe)
+            self._plan_start({lane: (start, 0) for lane in self._lanes_of(first)}, 0, first)
+
+    # -- the schedule -----------------------------------------------------
+
+    def _check_layouts(self, from_step: int) -> None:
+        """Every phase not finished after `from_step` steps fits this rank's layout."""
+        self._layouts.update(
+            self.schedule.layouts(self.dp_size, self._micro, from_step, self._micro_tokens)
+        )
+
+    def layout_at(self, step: int) -> Layout:
+        """The layout the trainer runs at its step `step` (counted from 1)."""
+        p = self.schedule.phase_at(step)
+        if p.name not in self._layouts:
+            micro = self._micro(p) if callable(self._micro) else self._micro
+            if self._micro_tokens is not None:
+                micro = self._micro_tokens // p.seq_len
+            self._layouts[p.name] = plan_layout(p.lanes, self.dp_size, p.global_batch_size, micro)
+        return self._layouts[p.name]
+
+    def phase_at(self, step: int) -> Phase:
+        """The phase of the trainer's step `step` (counted from 1)."""
+        return self.schedule.phase_at(step)
+
+    @property
+    def layout(self) -> Layout:
+        """The layout of the next step."""
+        return self.layout_at(self.step + 1)
+
+    @property
+    def rows_per_lane(self) -> int:
+        """Rows each lane gives at the next step."""
+        return self.schedule.phase_at(self.step + 1).rows_per_lane
+
+    @property
+    def seq_len(self) -> int:
+        return self.schedule.phase_at(self.step + 1).seq_len
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.schedule.phase_at(self.step + 1).global_batch_size
+
+    def _lanes_of(self, seg: Segment) -> range:
+        return self.layout_at(seg.start_step + 1).lanes_of(self.dp_rank)
+
+    @property
+    def needs_boundary_state(self) -> bool:
+        """Whether the next step starts a phase with another lane count that this
+        rank cannot enter alone: give every rank the merged state of all ranks
+        written now (`load_state_dict(merge_rank_states(...))`) first. A loader
+        with every lane (dp_size 1) crosses by itself."""
+        seg = self._segment
+        if self.dp_size == 1 or seg.end_step is None or self.step != seg.end_step:
+            return False
+        return self.schedule.segment_of(self.step).lanes != seg.lanes
 
     # -- production -------------------------------------------------------
 
-    def _plan_start(self, points: dict[int, tuple[FlushPoint, int]], step: int) -> None:
+    def _plan_start(
+        self, points: dict[int, tuple[FlushPoint, int]], step: int, segment: Segment
+    ) -> None:
         """Set where each lane starts: (flush point, rows to replay after it).
 
         Nothing runs until the first batch is asked for, so a loader that is
@@ -122,9 +209,20 @@ class ZephonLoader:
         """
         self.step = step
         self._ended = False
+        self._segment = segment
+        self.lane_ids = sorted(points)
         self._flushes = FlushLog({lane: flush for lane, (flush, _) in points.items()})
+        assert self._scheduler is not None
+        self._scheduler.reset(SegmentSteps(segment))
         self._producer = BatchProducer(
-            self.ctx, points, step, self.rows_per_lane, self.prefetch, self.traces
+            self.ctx,
+            self.schedule,
+            segment,
+            points,
+            step,
+            self.prefetch,
+            self.traces,
+            whole=self.dp_size == 1,
         )
 
     def start(self) -> None:
@@ -132,12 +230,14 @@ class ZephonLoader:
 
         Happens on the first `next_batch`; call it to start work earlier.
         """
+        self._plan_fresh()
         assert self._producer is not None and self._scheduler is not None
         if self._producer.started:
             return
         passed = self._producer.start()
+        consumed = self._segment.rows_before(self.step)
         for lane, points in passed.items():
-            self._flushes.add(lane, points, self.step * self.rows_per_lane)
+            self._flushes.add(lane, points, consumed)
 
     @property
     def lanes(self) -> list[LaneStream]:
@@ -147,8 +247,7 @@ class ZephonLoader:
     @property
     def replay(self) -> dict[str, int]:
         """Work of the last start's replay: rows, documents packed and tokenized, tokens."""
-        assert self._producer is not None
-        return self._producer.replay
+        return self._producer.replay if self._producer is not None else {}
 
     @property
     def first_batch(self) -> dict[str, int] | None:
@@ -166,20 +265,38 @@ class ZephonLoader:
         """This rank's rows for the next step; StopIteration once a lane runs dry."""
         if self._ended:
             raise StopIteration
+        if self.needs_boundary_state:
+            raise StateError(self._boundary_message())
         self.start()
         assert self._producer is not None
         item = self._producer.next()
         if item is END:
             self._ended = True
             raise StopIteration
+        if item is BOUNDARY:
+            raise StateError(self._boundary_message())
         if isinstance(item, BaseException):
             self._ended = True
             raise item
-        batch, flushes = item  # type: ignore[misc]
+        batch, flushes, entered = item  # type: ignore[misc]
+        if entered is not None:  # the first batch of a new segment: its lanes from now on
+            starts, self._deals = entered
+            self._segment = self.schedule.segment_of(self.step)
+            self.lane_ids = sorted(starts)
+            self._flushes = FlushLog(starts)
         self.step += 1
+        consumed = self._segment.rows_before(self.step)
         for lane, points in flushes.items():
-            self._flushes.add(lane, points, self.step * self.rows_per_lane)
+            self._flushes.add(lane, points, consumed)
         return batch
+
+    def _boundary_message(self) -> str:
+        p = self.schedule.phase_at(self.step + 1)
+        return (
+            f"step {self.step + 1} starts {p.label} with {p.lanes} lanes (from "
+            f"{self._segment.lanes}): every rank needs the merged loader state of step "
+            f"{self.step} first (load_state_dict(merge_rank_states(all ranks' state_dict())))"
+        )
 
     def __iter__(self) -> Any:
         while True:
@@ -190,16 +307,27 @@ class ZephonLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's state (its lanes only); merge ranks with merge_rank_states."""
-        consumed = self.step * self.rows_per_lane
-        state = {
+        self._plan_fresh()
+        seg = self._segment
+        consumed = seg.rows_before(self.step)
+        state: dict[str, Any] = {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
-            "fingerprint": self.fingerprint,
+            "fingerprint": fingerprint_at(self.fingerprint, self.step),
             "step": self.step,
-            "rows_per_lane_per_step": self.rows_per_lane,
+            "rows_per_lane_per_step": self.schedule.phase_at(self.step).rows_per_lane,
             "rank": self.dp_rank,
+            "segment_start": seg.start_step,
+            "num_lanes": seg.lanes,
             "lanes": self._flushes.state_lanes(self.lane_ids, consumed),
         }
+        if self.schedule.named:
+            state["phase"] = self.schedule.phase_at(self.step).name
+            starting = [p.name for p in self.schedule.phases if p.start_step == self.step]
+            if starting and self.step > 0:
+                state["boundary_of"] = starting[0]
+        if self._deals:  # absent until the lane count changed
+            state["deals"] = self._deals
         if self.recipe.bad_records == "drop":  # absent otherwise: older states stay as they were
             state["dropped_records"] = dropped_state(self.ctx.readers)
         return state
@@ -208,16 +336,28 @@ class ZephonLoader:
         """Bad records this rank's readers replaced by empty documents so far."""
         return dropped_count(self.ctx.readers)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a (merged or single-rank) state written at any data-parallel size."""
+    def check_resumable(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Refuse a state this run cannot continue (header, fingerprint of the phases
+        started by its step); returns it as the current state version."""
         check_header(state)
-        check_fingerprint(state["fingerprint"], self.fingerprint)
-        points = restore_points(state, self.lane_ids, self.rows_per_lane)
-        restore_dropped(self.ctx.readers, state.get("dropped_records", {}))
+        first = self.schedule.phases[0]
+        state = upgrade(state, list(first.weights_by_name))
+        check_fingerprint(state["fingerprint"], self.fingerprint, int(state["step"]))
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a (merged or single-rank) state written at any data-parallel
+        size; at a lane-count change, the merged state of every rank."""
+        state = self.check_resumable(state)
+        step = int(state["step"])
+        self._check_layouts(step)
         self._discard_lanes()
+        seg, points, deals = resume_starts(self.ctx, self.schedule, state, self._lanes_of)
+        restore_dropped(self.ctx.readers, state.get("dropped_records", {}))
         if self.traces is not None:
-            self.traces = {lane: [] for lane in self.lane_ids}
-        self._plan_start(points, int(state["step"]))
+            self.traces = {}
+        self._plan_start(points, step, seg)
+        self._deals = deals
 
     def _discard_lanes(self) -> None:
         """Stop producing and drop queued work of the current lanes."""

@@ -147,14 +147,16 @@ class NeedPlanner:
         ld.restart()
         return feed
 
-    def reset(self) -> None:
-        """Forget every lane (a restore builds new ones); their feeds are marked dead."""
+    def reset(self, keep_stats: bool = False) -> None:
+        """Forget every lane (a restore or a phase boundary builds new ones); their
+        feeds are marked dead."""
         for ld in self.lanes:
             for f in ld.feeds:
                 f.dead = True
         self.lanes, self.waiting = [], set()
         self.used, self.warm, self.floor = 0, False, 0
-        self.stats = SchedulerStats()
+        if not keep_stats:
+            self.stats = SchedulerStats()
 
     def stats_dict(self) -> dict[str, Any]:
         return {
