@@ -390,3 +390,55 @@ def test_mixture_boundary_carries_the_cut_document_first(make_recipe, tokenizer_
         assert b[:end] == a[:end]
         carried += end > cut
     assert carried >= 4  # most lanes cut a document at the boundary
+
+
+PAUSES = """
+[[phase]]
+name = "a-only"
+start_step = 0
+weights = { a = 1 }
+[[phase]]
+name = "both"
+start_step = 4
+weights = { a = 1, b = 1 }
+[[phase]]
+name = "b-only"
+start_step = 8
+weights = { b = 1 }
+[[phase]]
+name = "both-again"
+start_step = 12
+weights = { a = 1, b = 1 }
+"""
+
+
+def test_new_weights_restart_the_mixer_and_a_paused_source_keeps_its_place(
+    make_recipe, tokenizer_path
+):
+    recipe = make_recipe(
+        sources=[("a", 120, 1.0), ("b", 120, 1.0)], lanes=2, unit="documents", extra=PAUSES
+    )
+    loader = ZephonLoader(recipe, tokenizer_path, 32, 4, trace=True, num_workers=0, prefetch=0)
+    marks = []
+    for step in range(16):
+        if step in (4, 8, 12):
+            marks.append({lane: len(t) for lane, t in loader.traces.items()})
+        loader.next_batch()
+        if step == 10:  # inside "b-only": nothing of `a` is read ahead for any lane
+            assert loader.lanes and all(not lane.mixer.counts[0] for lane in loader.lanes)
+            for demand in loader.ctx.scheduler.planner.lanes:
+                paused = demand.feeds[0]
+                assert (paused.taken, len(paused.slots), paused.reading) == (0, 0, False)
+    for lane, trace in loader.traces.items():
+        both = [src for src, _ in trace[marks[0][lane] : marks[1][lane]]]
+        assert len(both) >= 6
+        for n in range(1, len(both) + 1):  # from zero counts: alternating from the start
+            assert abs(both[:n].count(0) - both[:n].count(1)) <= 1, both
+        assert all(src == 1 for src, _ in trace[marks[1][lane] : marks[2][lane]])
+        # `a` is taken in its lane's order, paused or not: nothing skipped or repeated.
+        docs = loader.ctx.lane_docs(0, lane, 2)
+        order = _epoch_list(docs, 0) + _epoch_list(docs, 1)
+        taken = [doc for src, doc in trace if src == 0]
+        assert taken == order[: len(taken)]
+        assert any(src == 0 for src, _ in trace[marks[2][lane] :])  # `a` came back
+    loader.close()
