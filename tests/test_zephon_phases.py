@@ -10,13 +10,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
+from conftest import COMMITTED_TOKENIZER
 from test_zephon_packing import DOCS, PAD, ROW, ListLane
 from test_zephon_packing import SOURCES as KINDS
 from zephon_helpers import close, make_ranks, save, step_digests
 
-from zephon import LayoutError, ZephonLoader, load_tokenizer
+from zephon import LayoutError, StateError, ZephonLoader, load_tokenizer
 from zephon.deal import build_lane_docs, deal_source
 from zephon.lane_docs import PlanLaneDocs
 from zephon.packing import BestFitPacker, ConcatPacker, RowBuilder
@@ -442,3 +442,121 @@ def test_new_weights_restart_the_mixer_and_a_paused_source_keeps_its_place(
         assert taken == order[: len(taken)]
         assert any(src == 0 for src, _ in trace[marks[2][lane] :])  # `a` came back
     loader.close()
+
+
+def _edit(recipe: Path, name: str, old: str, new: str) -> Path:
+    text = recipe.read_text()
+    assert old in text
+    out = recipe.with_name(f"{name}.toml")
+    out.write_text(text.replace(old, new))
+    return out
+
+
+def _resume(recipe: Path, tok: str, state: dict[str, Any], dp: int, steps: int) -> list[str]:
+    loaders = make_ranks(recipe, tok, dp)
+    try:
+        for loader in loaders:
+            loader.load_state_dict(state)
+        return step_digests(loaders, steps)
+    finally:
+        close(loaders)
+
+
+def test_future_phases_may_be_edited_on_resume_started_ones_not(make_recipe, tokenizer_path):
+    recipe = four_phases(make_recipe)
+    first = make_ranks(recipe, tokenizer_path, 2)
+    step_digests(first, 5)
+    inside = json.loads(json.dumps(save(first)))  # inside "long"
+    step_digests(first, 1)
+    boundary = json.loads(json.dumps(save(first)))  # the boundary checkpoint of "anneal"
+    close(first)
+    assert [p["name"] for p in inside["fingerprint"]["phases"]] == ["warmup", "ramp", "long"]
+    assert set(inside["lanes"]["0"]["flush"]["mix"]) == {"prose", "code", "math"}
+    # Two anneal mixes branched from the same checkpoints, each on its own D.
+    anneal = "weights = { prose = 0.2, code = 0.3, math = 0.5 }\nlanes = 24"
+    for k, (mix, dp) in enumerate(
+        (("weights = { prose = 0.5, math = 0.5 }", 4), ("seq_len = 64", 3))
+    ):
+        branch = _edit(recipe, f"branch{k}", anneal, mix)
+        own = run(branch, tokenizer_path, 1, STEPS)
+        assert own[:6] == run(recipe, tokenizer_path, 1, 6)  # the prefix did not move
+        assert _resume(branch, tokenizer_path, inside, dp, STEPS - 5) == own[5:]
+        assert _resume(branch, tokenizer_path, boundary, dp, STEPS - 6) == own[6:]
+    started = {
+        "ramp": (
+            "global_batch_size = 24",
+            "global_batch_size = 36",
+            "global_batch_size: checkpoint has 24, this run has 36",
+        ),
+        "long": (
+            'name = "long"',
+            'name = "longer"',
+            "name: checkpoint has long, this run has longer",
+        ),
+        "warmup": (
+            "prose = 0.7, code = 0.3 }",
+            "prose = 0.6, code = 0.4 }",
+            "weights: checkpoint has {'prose': 0.7, 'code': 0.3}",
+        ),
+    }
+    for phase, (old, new, why) in started.items():
+        changed = ZephonLoader(_edit(recipe, phase, old, new), tokenizer_path, 32, 8)
+        with pytest.raises(StateError, match="cannot resume") as info:
+            changed.load_state_dict(inside)
+        changed.close()
+        assert f"phase '{phase}': {why}" in str(info.value), str(info.value)
+    inserted = _edit(
+        recipe,
+        "inserted",
+        '[[phase]]\nname = "long"',
+        '[[phase]]\nname = "mid"\nstart_step = 3\n\n[[phase]]\nname = "long"',
+    )
+    loader = ZephonLoader(inserted, tokenizer_path, 32, 8)
+    with pytest.raises(
+        StateError, match="phase 'mid' starts at step 3, before the checkpoint's step 5"
+    ):
+        loader.load_state_dict(inside)
+    loader.close()
+
+
+ADDED = """
+[[phase]]
+name = "base"
+start_step = 0
+[[phase]]
+name = "anneal"
+start_step = {start}
+weights = {{ prose = 0.5, code = 0.5 }}
+"""
+
+
+def test_phases_added_to_a_running_jobs_recipe(make_recipe, tokenizer_path):
+    """A checkpoint of a recipe without phases resumes once phases are added, the
+    first equal to that recipe: at a later step, or exactly at the checkpoint's."""
+    plain = _keep(make_recipe(), "plain")
+    first = make_ranks(plain, tokenizer_path, 2)
+    before = step_digests(first, 3)
+    state = json.loads(json.dumps(save(first)))
+    close(first)
+    assert "phases" not in state["fingerprint"]
+    for start in (5, 3):
+        phased = make_recipe(extra=ADDED.format(start=start))
+        own = run(phased, tokenizer_path, 1, 8)
+        assert own[:3] == before
+        assert _resume(phased, tokenizer_path, state, 4, 5) == own[3:]
+
+
+def test_a_version_1_checkpoint_resumes_with_phases_added(tmp_path):
+    """The committed version 1 state (mixer counts as a list) of a golden case,
+    resumed with a phase added after it: the golden digests up to that phase."""
+    from test_golden_digests import GOLDEN, STATE_STEP, build_case
+
+    recipe = build_case(tmp_path, "concat_tokens_repeat")
+    with open(recipe, "a") as f:
+        f.write(ADDED.format(start=9).replace("prose = 0.5, code = 0.5", "prose = 0.1, code = 0.9"))
+    expected = json.loads((GOLDEN / "digests.json").read_text())["concat_tokens_repeat"]
+    state = json.loads((GOLDEN / "state_concat_tokens_repeat.json").read_text())
+    assert state["version"] == 1 and isinstance(state["lanes"]["0"]["flush"]["mix"], list)
+    got = _resume(recipe, str(COMMITTED_TOKENIZER), state, 4, 9 - STATE_STEP + 2)
+    assert got[: 9 - STATE_STEP] == expected[STATE_STEP:9]
+    assert got[9 - STATE_STEP :] != expected[9:11]  # the added phase has its own mixture

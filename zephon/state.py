@@ -201,17 +201,27 @@ def check_fingerprint(
 def _phase_changes(
     saved: list[dict[str, Any]], current: list[dict[str, Any]], step: int | None
 ) -> list[str]:
+    """Each started phase matched by name (or, renamed, by its start step) with
+    this run's phase, and the fields that differ; phases started in only one."""
     now = current[: len(saved)] if step is None else [p for p in current if p["start_step"] < step]
+    names = {p["name"] for p in saved}
+    by_name = {p["name"]: p for p in now if p["name"] is not None}
+    spare = [p for p in now if p["name"] not in names]
     out = []
-    for i, old in enumerate(saved):
+    for old in saved:
         name = old["name"] if old["name"] is not None else "(the recipe's only phase)"
-        if i >= len(now):
+        new = by_name.get(old["name"])
+        if new is None:  # renamed, or a recipe without phases on one side
+            new = next((p for p in spare if p["start_step"] == old["start_step"]), None)
+            if new is not None:
+                spare.remove(new)
+        if new is None:
             out.append(
                 f"phase '{name}' (from step {old['start_step']}) had started by the "
                 f"checkpoint's step {step}; this run's recipe does not start it by then"
             )
             continue
-        new, diffs = now[i], []
+        diffs: list[str] = []
         for field in PHASE_FIELDS:
             a, b = old.get(field), new.get(field)
             if (a is None or b is None) and field in ("name", "weights"):
@@ -222,7 +232,7 @@ def _phase_changes(
                     f"this run has {_shown(field, b)}"
                 )
         out += diffs
-    for extra in now[len(saved) :]:
+    for extra in spare:
         out.append(
             f"phase '{extra['name']}' starts at step {extra['start_step']}, before the "
             f"checkpoint's step {step}, but the checkpoint's run had no such phase"
