@@ -16,10 +16,11 @@ from test_zephon_packing import DOCS, PAD, ROW, ListLane
 from test_zephon_packing import SOURCES as KINDS
 from zephon_helpers import close, make_ranks, save, step_digests
 
-from zephon import LayoutError, StateError, ZephonLoader, load_tokenizer
+from zephon import LayoutError, RecipeError, StateError, ZephonLoader, load_recipe, load_tokenizer
 from zephon.deal import build_lane_docs, deal_source
 from zephon.lane_docs import PlanLaneDocs
 from zephon.packing import BestFitPacker, ConcatPacker, RowBuilder
+from zephon.phases import resolve_schedule
 from zephon.shuffle import SourcePlan
 
 SOURCES = [("prose", 300, 0.7), ("code", 200, 0.3), ("math", 150, 1.0)]
@@ -532,18 +533,23 @@ weights = {{ prose = 0.5, code = 0.5 }}
 
 def test_phases_added_to_a_running_jobs_recipe(make_recipe, tokenizer_path):
     """A checkpoint of a recipe without phases resumes once phases are added, the
-    first equal to that recipe: at a later step, or exactly at the checkpoint's."""
+    first equal to that recipe: at a later step, or exactly at the checkpoint's
+    (step 3: rows to replay first; step 4: a flush point that re-picks its document)."""
     plain = _keep(make_recipe(), "plain")
     first = make_ranks(plain, tokenizer_path, 2)
     before = step_digests(first, 3)
-    state = json.loads(json.dumps(save(first)))
+    states = {3: json.loads(json.dumps(save(first)))}
+    before += step_digests(first, 1)
+    states[4] = json.loads(json.dumps(save(first)))
     close(first)
-    assert "phases" not in state["fingerprint"]
-    for start in (5, 3):
+    assert "phases" not in states[3]["fingerprint"]
+    assert {e["rows_since_flush"] for e in states[4]["lanes"].values()} == {0}
+    assert any(e["flush"]["skip_tokens"] for e in states[4]["lanes"].values())
+    for at, start in ((3, 5), (3, 3), (4, 4)):
         phased = make_recipe(extra=ADDED.format(start=start))
         own = run(phased, tokenizer_path, 1, 8)
-        assert own[:3] == before
-        assert _resume(phased, tokenizer_path, state, 4, 5) == own[3:]
+        assert own[:at] == before[:at]
+        assert _resume(phased, tokenizer_path, states[at], 4, 8 - at) == own[at:], (at, start)
 
 
 def test_a_version_1_checkpoint_resumes_with_phases_added(tmp_path):
@@ -560,3 +566,82 @@ def test_a_version_1_checkpoint_resumes_with_phases_added(tmp_path):
     got = _resume(recipe, str(COMMITTED_TOKENIZER), state, 4, 9 - STATE_STEP + 2)
     assert got[: 9 - STATE_STEP] == expected[STATE_STEP:9]
     assert got[9 - STATE_STEP :] != expected[9:11]  # the added phase has its own mixture
+
+
+BAD_PHASES = {
+    "first-not-at-0": (
+        "[[phase]]\nname = 'a'\nstart_step = 2\n",
+        "phase 'a'.start_step: the first phase must start at step 0, got 2",
+    ),
+    "not-in-order": (
+        "[[phase]]\nname = 'a'\nstart_step = 0\n[[phase]]\nname = 'b'\nstart_step = 5\n[[phase]]\nname = 'c'\nstart_step = 5\n",
+        "phase 'c'.start_step: 5 is not after phase 'b' (start_step 5)",
+    ),
+    "unknown-source": (
+        "[[phase]]\nname = 'a'\nstart_step = 0\nweights = { prose = 1, web = 2 }\n",
+        "phase 'a'.weights: unknown source 'web'; declared sources: prose, code",
+    ),
+    "all-zero": (
+        "[[phase]]\nname = 'a'\nstart_step = 0\nweights = { prose = 0 }\n",
+        "phase 'a'.weights: no source has a positive weight",
+    ),
+    "negative": (
+        "[[phase]]\nname = 'a'\nstart_step = 0\nweights = { prose = -1 }\n",
+        "phase 'a'.weights: prose: expected a number >= 0, got -1",
+    ),
+    "zero-lanes": (
+        "[[phase]]\nname = 'a'\nstart_step = 0\nlanes = 0\n",
+        "phase 'a'.lanes: expected an integer >= 1, got 0",
+    ),
+    "duplicate": (
+        "[[phase]]\nname = 'a'\nstart_step = 0\n[[phase]]\nname = 'a'\nstart_step = 1\n",
+        "duplicate phase name(s): a",
+    ),
+    "unknown-key": (
+        "[[phase]]\nname = 'a'\nstart_step = 0\nbatch = 3\n",
+        "[phase 'a'] has unknown key(s): batch",
+    ),
+    "lanes-twice": (
+        "[[phase]]\nname = 'a'\nstart_step = 0\nlanes = 12\n",
+        "phase 'a'.lanes = 12 disagrees with [recipe] lanes = 8",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PHASES))
+def test_bad_phase_tables_name_the_phase_and_key(make_recipe, case):
+    text, expected = BAD_PHASES[case]
+    with pytest.raises(RecipeError) as info:
+        load_recipe(make_recipe(extra=text))
+    assert expected in str(info.value), str(info.value)
+
+
+def test_one_source_of_truth_for_the_first_phase_shape(make_recipe, tokenizer_path):
+    recipe = load_recipe(four_phases(make_recipe))
+    # Not set by the job on purpose: the recipe's first phase decides.
+    schedule = resolve_schedule(recipe, 64, 8)
+    assert [(p.seq_len, p.global_batch_size, p.lanes) for p in schedule.phases] == [
+        (128, 12, 12),
+        (128, 24, 12),
+        (256, 48, 12),
+        (256, 48, 24),
+    ]
+    assert [len(s.phases) for s in schedule.segments] == [2, 1, 1]  # the ramp is no flush
+    assert schedule.phase_at(2).name == "warmup" and schedule.phase_at(3).name == "ramp"
+    with pytest.raises(
+        RecipeError, match="phase 'warmup' sets seq_len = 128 but the job sets seq_len = 64"
+    ):
+        resolve_schedule(recipe, 64, 12, explicit=("seq_len",))
+    assert resolve_schedule(recipe, 128, 12, explicit=("seq_len", "global_batch_size"))
+    # Every phase is checked for a data-parallel size and micro-batches in tokens.
+    with pytest.raises(LayoutError, match="phase 'long' \\(from step 4\\): micro_batch_tokens 384"):
+        schedule.layouts(4, micro_batch_tokens=384)  # 3 rows of 128, but of 256?
+    with pytest.raises(
+        LayoutError, match="phase 'warmup' \\(from step 0\\): the local batch of 3 rows"
+    ):
+        schedule.layouts(4, micro_batch_tokens=256)
+    assert set(schedule.layouts(4, micro_batch_tokens=256, from_step=2)) == {
+        "ramp",
+        "long",
+        "anneal",
+    }
