@@ -17,6 +17,7 @@ from test_zephon_packing import SOURCES as KINDS
 from zephon_helpers import close, make_ranks, save, step_digests
 
 from zephon import LayoutError, RecipeError, StateError, ZephonLoader, load_recipe, load_tokenizer
+from zephon.cli import main
 from zephon.deal import build_lane_docs, deal_source
 from zephon.lane_docs import PlanLaneDocs
 from zephon.packing import BestFitPacker, ConcatPacker, RowBuilder
@@ -645,3 +646,50 @@ def test_one_source_of_truth_for_the_first_phase_shape(make_recipe, tokenizer_pa
         "long",
         "anneal",
     }
+
+
+def test_tools_follow_the_phases(make_recipe, tokenizer_path, tmp_path, capsys):
+    recipe = four_phases(make_recipe)
+    tok = ["--tokenizer", tokenizer_path]
+    # validate: every phase for every size given; 8 ranks fit only the 24 lanes.
+    assert main(["validate", str(recipe), *tok, "--dp", "1,2,4", "--micro-batch", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    phases = [line.split(":")[0] for line in out if line.startswith("phase ")]
+    assert phases == ["phase     warmup", "phase     ramp", "phase     long", "phase     anneal"]
+    ramp = next(line for line in out if line.startswith("phase     ramp"))
+    assert "global_batch=24 seq_len=128 lanes=12 (batch size only: lanes go on)" in ramp
+    assert sum(line.startswith("  dp=") for line in out) == 12 and out[-1] == "ok"
+    assert main(["validate", str(recipe), *tok, "--dp", "8"]) == 2
+    err = capsys.readouterr()
+    assert err.out.count("dp=8: error: lane count 12") == 3  # warmup, ramp, long
+    assert "3 phase and data-parallel size combination(s) do not fit" in err.err
+    # hash: across the four phases at 2 ranks (merged state at the lane change).
+    expected = run(recipe, tokenizer_path, 1, STEPS)
+    assert main(["hash", str(recipe), *tok, "--dp", "2", "--steps", str(STEPS)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        f"step {s} {d} {n}" for s, (d, n) in enumerate(zip(expected, NAMES, strict=True))
+    ]
+    # inspect: a state after the lane change.
+    loaders = make_ranks(recipe, tokenizer_path, 2)
+    step_digests(loaders, 7)
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(save(loaders)))
+    close(loaders)
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert sum(line.startswith("  lane ") for line in out) == 24
+    assert "phases started: warmup (from step 0), ramp (from step 2), long (from step 4)" in out[-4]
+    assert out[-3] == "lanes: 24, in their segment since step 6"
+    assert out[-2].startswith("deal prose: phase anneal, 12 -> 24 lanes")
+    # mixture: the realised shares against the schedule; math from the anneal on.
+    png = tmp_path / "mix.png"
+    assert main(["mixture", str(recipe), *tok, "--steps", str(STEPS), "--plot", str(png)]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:-1]]
+    assert [r[1] for r in rows] == NAMES and png.stat().st_size > 10_000
+    for r in rows:
+        (prose, _, want_prose), (_, _, _), (math, _, want_math) = (
+            map(float, cell.split("/")) for cell in r[2:]
+        )
+        assert math == want_math == 0 if r[1] != "anneal" else abs(math - want_math) < 0.15
+        assert abs(prose - want_prose) < 0.2
