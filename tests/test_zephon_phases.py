@@ -421,16 +421,16 @@ def test_new_weights_restart_the_mixer_and_a_paused_source_keeps_its_place(
         sources=[("a", 120, 1.0), ("b", 120, 1.0)], lanes=2, unit="documents", extra=PAUSES
     )
     loader = ZephonLoader(recipe, tokenizer_path, 32, 4, trace=True, num_workers=0, prefetch=0)
-    marks = []
+    marks, held = [], []
     for step in range(16):
         if step in (4, 8, 12):
             marks.append({lane: len(t) for lane, t in loader.traces.items()})
         loader.next_batch()
-        if step == 10:  # inside "b-only": nothing of `a` is read ahead for any lane
-            assert loader.lanes and all(not lane.mixer.counts[0] for lane in loader.lanes)
-            for demand in loader.ctx.scheduler.planner.lanes:
-                paused = demand.feeds[0]
-                assert (paused.taken, len(paused.slots), paused.reading) == (0, 0, False)
+        if step in (8, 11):  # in "b-only": nothing more of `a` is read or tokenized
+            assert all(not lane.mixer.counts[0] for lane in loader.lanes)
+            feeds = [demand.feeds[0] for demand in loader.ctx.scheduler.planner.lanes]
+            held.append([(f.taken, len(f.slots), f.sched, f.reading) for f in feeds])
+    assert held[0] == held[1] and len(held[0]) == 2
     for lane, trace in loader.traces.items():
         both = [src for src, _ in trace[marks[0][lane] : marks[1][lane]]]
         assert len(both) >= 6
@@ -693,3 +693,30 @@ def test_tools_follow_the_phases(make_recipe, tokenizer_path, tmp_path, capsys):
         )
         assert math == want_math == 0 if r[1] != "anneal" else abs(math - want_math) < 0.15
         assert abs(prose - want_prose) < 0.2
+
+
+def test_crossing_a_boundary_costs_a_step_not_a_restart(make_recipe, tokenizer_path):
+    """Counted, not timed (no threads, lookahead of one token, so each step's count
+    is its own work). Through the ramp and the seq_len change every document is
+    tokenized once: the lanes keep their feeds and carry cut documents in memory,
+    nothing is replayed; the lane-count change costs about a step's tokens."""
+    recipe = four_phases(make_recipe)
+    loader = ZephonLoader(
+        recipe, tokenizer_path, 64, 8, trace=True, num_workers=0, prefetch=0, lookahead_tokens=1
+    )
+    planner = loader.ctx.scheduler.planner
+    before, ratios = 0, []
+    for step in range(STEPS):
+        batch = loader.next_batch()
+        stats = loader.stats()
+        tokens = batch.num_rows + batch.num_valid_tokens()
+        ratios.append((stats["tokens_tokenized"] - before) / tokens)
+        before = stats["tokens_tokenized"]
+        if step < 6:  # before the lane change
+            picked = sum(len(t) for t in loader.traces.values())
+            held = sum(s.ids is not None for ld in planner.lanes for f in ld.feeds for s in f.slots)
+            assert stats["docs_tokenized"] == picked + held, step
+    assert loader.replay["rows"] == 0
+    ordinary = max(r for k, r in enumerate(ratios) if k not in (2, 4, 6))
+    assert ratios[4] <= ordinary and ratios[6] <= 1.5 * ordinary, ratios
+    loader.close()

@@ -35,7 +35,8 @@ from zephon.recipe import Recipe
 
 
 class SourceCursor:
-    """A lane's position in one source; documents come from the scheduler's feed."""
+    """A lane's position in one source; documents come from the scheduler's feed
+    (`feed`: one that already follows this position, kept across a boundary)."""
 
     def __init__(
         self,
@@ -46,14 +47,17 @@ class SourceCursor:
         epoch: int,
         pos: int,
         retired: bool,
+        feed: Feed | None = None,
     ):
         self.ctx, self.source, self.docs = ctx, source, docs
         self.epoch, self.pos, self.retired = epoch, pos, retired
         self._epoch_docs = 0  # documents of the lane in self.epoch
         if not retired:
             self._roll()
-        start = FeedStart(ctx.readers[source], docs, self.epoch, self.pos, self.retired)
-        self.feed: Feed = ctx.scheduler.add_feed(demand, source, start)
+        if feed is None:
+            start = FeedStart(ctx.readers[source], docs, self.epoch, self.pos, self.retired)
+            feed = ctx.scheduler.add_feed(demand, source, start)
+        self.feed: Feed = feed
 
     def _roll(self) -> None:
         """Apply the end-of-epoch rule: next epoch (repeat) or retired (stop)."""
@@ -110,7 +114,12 @@ class LaneStream:
         lane: int,
         snapshot: dict[str, Any],
         trace: list[tuple[int, int]] | None = None,
+        before: LaneStream | None = None,
+        known: dict[tuple[int, int], np.ndarray] | None = None,
     ):
+        """`before`: the same lane in the segment that just ended, with the same lane
+        count: its feeds (and the documents they hold) go on serving this one.
+        `known`: ids of carried documents already in memory, by (source, index)."""
         self.ctx, self.lane, self.trace = ctx, lane, trace
         recipe = ctx.recipe
         names = [s.name for s in recipe.sources]
@@ -122,14 +131,26 @@ class LaneStream:
         concat = packing.algorithm == "concat"
         skip = int(snapshot["skip_tokens"]) if concat else 0
         # Documents a boundary cut: their rests come first (read and tokenized here).
-        carried = [
-            (ctx.fetch(names.index(n), int(d)), names.index(n), int(d), int(off))
-            for n, d, off in snapshot.get("carry", [])
-        ]
+        known = known or {}
+        carried = []
+        for n, d, off in snapshot.get("carry", []):
+            i = names.index(n)
+            ids = known[(i, d)] if (i, d) in known else ctx.fetch(i, int(d))
+            carried.append((ids, i, int(d), int(off)))
         tails = sum(len(ids) - off for ids, _, _, off in carried)
         # The scheduler follows the lane in its own stream's token offsets.
         offset = self.rows_emitted * self.row_len - skip + tails
-        demand = ctx.scheduler.add_lane(lane, self.mixer.counts, offset, weights)
+        feeds: list[Feed | None] = [None] * len(names)
+        if before is not None:
+            demand = before.demand
+            ctx.scheduler.rebase(demand, self.mixer.counts, offset, weights)
+            feeds = [c.feed for c in before.cursors]
+            if before.unpicked is not None:  # best_fit gave it back: first in its feed again
+                ids, i, d = before.unpicked
+                ctx.scheduler.give_back(feeds[i], ids, d)  # type: ignore[arg-type]
+        else:
+            demand = ctx.scheduler.add_lane(lane, self.mixer.counts, offset, weights)
+        self.demand = demand
         sources = snapshot["sources"]
         self.cursors = [
             SourceCursor(
@@ -140,6 +161,7 @@ class LaneStream:
                 int(sources.get(n, UNTOUCHED)["epoch"]),
                 int(sources.get(n, UNTOUCHED)["pos"]),
                 bool(sources.get(n, UNTOUCHED)["retired"]),
+                feeds[i],
             )
             for i, n in enumerate(names)
         ]
@@ -162,6 +184,8 @@ class LaneStream:
         self.out: deque[tuple[np.ndarray, np.ndarray]] = deque()
         self.flushes: list[dict[str, Any]] = []  # after the starting one, which the loader holds
         self.last_flush = snapshot
+        self.last_pick: tuple[np.ndarray, int, int] | None = None
+        self.unpicked: tuple[np.ndarray, int, int] | None = None
         self.docs_packed = 0
         self.ended = False
         self._rows = RowBuilder(self.row_len, ctx.tok.pad_id, self.num_sources)
@@ -205,12 +229,14 @@ class LaneStream:
             self.docs_packed += 1
             if self.trace is not None:
                 self.trace.append((i, doc_id))
+            self.last_pick = (ids, i, doc_id)
             return ids, i, doc_id
 
     def unpick(self) -> None:
         """The last pick was given back (best_fit at a boundary): it is not packed here.
         The lane stops at its boundary; the flush point there is from before the pick."""
         self.docs_packed -= 1
+        self.unpicked = self.last_pick
         if self.trace is not None:
             self.trace.pop()
 
@@ -234,6 +260,10 @@ class LaneStream:
     def take_flushes(self) -> list[dict[str, Any]]:
         out, self.flushes = self.flushes, []
         return out
+
+    def held_docs(self) -> dict[tuple[int, int], np.ndarray]:
+        """Ids of the documents the lane's flush points carry, by (source, index)."""
+        return self.packer.held() if isinstance(self.packer, ConcatPacker) else {}
 
     def boundary_point(self) -> dict[str, Any]:
         """The lane's flush point at its boundary row, where it stands now. A point

@@ -122,6 +122,14 @@ class ConcatPacker:
         self.pending_skip = skip_tokens  # set on restore from a mid-document flush point
         self.carry: deque[CarriedDoc] = deque(carry)
 
+    def held(self) -> dict[tuple[int, int], np.ndarray]:
+        """Ids of the documents a flush point here carries, by (source, index): the
+        next segment's lanes take them from memory instead of reading them again."""
+        out = {(s, d): ids for ids, s, d, _ in self.carry}
+        if self.cur is not None:
+            out[(self.cur_source, self.cur_doc)] = self.cur
+        return out
+
     def tails(self) -> list[Carry]:
         """What a flush point here carries: the current document if it is cut, then
         the carried rests not begun."""

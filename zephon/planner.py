@@ -147,6 +147,17 @@ class NeedPlanner:
         ld.restart()
         return feed
 
+    def give_back(self, feed: Feed, ids: np.ndarray, doc_id: int) -> None:
+        """A document its lane took is the feed's next again (best_fit gave it back
+        at a phase boundary): first in the feed, tokenized."""
+        slot = Slot(None, ids, doc_id, feed)
+        feed.slots.appendleft(slot)
+        feed.sched += 1
+        feed.taken -= 1
+        feed.sched_tokens += len(ids)
+        self.used += len(ids)
+        feed.lane.dirty = True
+
     def reset(self, keep_stats: bool = False) -> None:
         """Forget every lane (a restore or a phase boundary builds new ones); their
         feeds are marked dead."""

@@ -137,13 +137,19 @@ class BatchProducer:
             return False
         points = {lane.lane: lane.boundary_point() for lane in self.lanes}
         starts, deals = enter_segment(self.ctx, points, before, after)
+        known = {k: ids for lane in self.lanes for k, ids in lane.held_docs().items()}
         scheduler = self.ctx.scheduler
-        scheduler.reset(SegmentSteps(after), keep_stats=True)
+        # The same lanes keep their feeds and what those hold; new lanes start over.
+        same = {lane.lane: lane for lane in self.lanes} if after.lanes == before.lanes else {}
+        if same:
+            scheduler.set_steps(SegmentSteps(after))
+        else:
+            scheduler.reset(SegmentSteps(after), keep_stats=True)
         scheduler.set_floor(self.produced_step)
         self.ctx.set_deals(deals)
         self.segment = after
         self.lanes = [
-            LaneStream(self.ctx, after, lane, p, self._trace(lane))
+            LaneStream(self.ctx, after, lane, p, self._trace(lane), same.get(lane), known)
             for lane, p in sorted(starts.items())
         ]
         self._warm = False

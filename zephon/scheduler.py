@@ -143,6 +143,25 @@ class DemandScheduler:
             self._notify_everyone()
             return self.planner.stats_dict()
 
+    def rebase(
+        self, ld: LaneDemand, mix_counts: Sequence[int], offset: int, weights: Sequence[float]
+    ) -> None:
+        """A lane enters a new segment with the same lane count: its feeds, and the
+        documents they hold, go on serving it."""
+        with self.cond:
+            ld.rebase(mix_counts, offset, weights)
+            self._notify_everyone()
+
+    def give_back(self, feed: Feed, ids: np.ndarray, doc_id: int) -> None:
+        with self.cond:
+            self.planner.give_back(feed, ids, doc_id)
+
+    def set_steps(self, steps: StepMap) -> None:
+        """The step map of a new segment (every lane of the loader enters it)."""
+        with self.cond:
+            self.planner.steps = steps
+            self._notify_everyone()
+
     def count_fetched(self, tokens: int, pretokenized: bool) -> None:
         """A lane read and tokenized one document itself (a carried tail): count it."""
         with self.cond:
