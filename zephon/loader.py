@@ -13,7 +13,6 @@ The checkpoint state counts only the steps the trainer took.
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from collections.abc import Collection
@@ -25,23 +24,21 @@ from zephon.deal import Record
 from zephon.errors import StateError
 from zephon.flush_log import FlushLog, FlushPoint
 from zephon.lane import LaneStream, initial_snapshot
-from zephon.layout import Layout, plan_layout
+from zephon.layout import Layout
 from zephon.phases import MicroBatch, Phase, Segment, SegmentSteps, resolve_schedule
 from zephon.production import BOUNDARY, END, BatchProducer
+from zephon.rank_schedule import RankSchedule
 from zephon.recipe import Recipe, load_recipe
 from zephon.resume import resume_starts
 from zephon.scheduler import DemandScheduler
-from zephon.state import (
-    STATE_FORMAT,
-    STATE_VERSION,
-    check_fingerprint,
-    check_header,
-    fingerprint_at,
-    make_fingerprint,
-    upgrade,
-)
+from zephon.state import check_fingerprint, check_header, make_fingerprint, rank_state, upgrade
 from zephon.tokenize import TokenizerInfo, resolve_tokenizer
 from zephon.tolerant import dropped_count, dropped_state, restore_dropped
+
+BLOCK_PREFETCH = (
+    "ZephonLoader(block_prefetch=...) is deprecated and ignored: lookahead is one token "
+    "budget per rank (lookahead_tokens)"
+)
 
 
 class ZephonLoader:
@@ -50,19 +47,17 @@ class ZephonLoader:
     Args:
         recipe: a Recipe or the path of a recipe TOML.
         tokenizer: path of a `tokenizer.json` (or a loaded TokenizerInfo).
-        seq_len: tokens per training row (rows hold seq_len + 1 tokens); with
-            phases, the first phase's unless the recipe sets it.
-        global_batch_size: rows per step over all ranks (a multiple of the lanes);
-            with phases, the first phase's unless the recipe sets it.
+        seq_len, global_batch_size: tokens per training row (rows hold seq_len + 1)
+            and rows per step over all ranks; the first phase's unless the recipe sets them.
         micro_batch_size: rows per micro-batch, or a function of the Phase giving
             them (only validated here).
         dp_rank, dp_size: this rank and the data-parallel degree.
         num_workers, prefetch, lookahead_tokens, cache_dir: execution settings;
             None takes the recipe's. They never change a byte of output.
         block_prefetch: deprecated and ignored (lookahead is one token budget).
-        trace: record (source, document index) of every packed document per
-            lane id in `self.traces` (for accounting tests and debugging; after a
-            lane-count change new lane j's documents follow old lane j's).
+        trace: record (source, document index) of every packed document per lane
+            id in `self.traces` (tests, debugging; lane j's after a lane-count change
+            follow old lane j's).
         explicit: which of "seq_len" and "global_batch_size" the job set on
             purpose: one the recipe's first phase sets to another value is an error.
         micro_batch_tokens: tokens per micro-batch instead of micro_batch_size
@@ -94,28 +89,20 @@ class ZephonLoader:
         ex = self.recipe.execution
         self.schedule = resolve_schedule(self.recipe, seq_len, global_batch_size, explicit)
         self.dp_rank, self.dp_size = dp_rank, dp_size
-        self._micro, self._micro_tokens = micro_batch_size, micro_batch_tokens
-        self._layouts: dict[str | None, Layout] = {}
-        self._check_layouts(self.schedule.phases[-1].start_step)
+        self.rank = RankSchedule(
+            self.schedule, dp_rank, dp_size, micro_batch_size, micro_batch_tokens
+        )
+        self.rank.check(self.schedule.phases[-1].start_step)
         self.tok = resolve_tokenizer(tokenizer, self.recipe)
         self.num_workers = ex.workers if num_workers is None else num_workers
         self.prefetch = ex.prefetch if prefetch is None else prefetch
         readers, plans = open_sources(self.recipe, cache_dir or ex.cache_dir or None)
         if block_prefetch is not None:
-            warnings.warn(
-                "ZephonLoader(block_prefetch=...) is deprecated and ignored: lookahead is one "
-                "token budget per rank (lookahead_tokens)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
+            warnings.warn(BLOCK_PREFETCH, DeprecationWarning, stacklevel=2)
         # Lookahead: one budget in tokens for the rank; default two steps of its
         # rows, of the phase with the most.
-        rank_step_tokens = max(
-            math.ceil(p.lanes / dp_size) * p.rows_per_lane * (p.seq_len + 1)
-            for p in self.schedule.phases
-        )
         budget = lookahead_tokens if lookahead_tokens is not None else ex.lookahead_tokens
-        self.lookahead_tokens = budget or 2 * rank_step_tokens
+        self.lookahead_tokens = budget or 2 * self.rank.step_tokens()
         first = self.schedule.segments[0]
         self._scheduler: DemandScheduler | None = DemandScheduler(
             self.tok,
@@ -138,28 +125,16 @@ class ZephonLoader:
     def _plan_fresh(self) -> None:
         """Plan a start from step 0, unless a start (fresh or restored) is planned."""
         if self._producer is None:
-            self._check_layouts(0)
+            self.rank.check(0)
             first = self.schedule.segments[0]
             start = initial_snapshot(self.recipe)
-            self._plan_start({lane: (start, 0) for lane in self._lanes_of(first)}, 0, first)
+            self._plan_start({lane: (start, 0) for lane in self.rank.lanes_of(first)}, 0, first)
 
     # -- the schedule -----------------------------------------------------
 
-    def _check_layouts(self, from_step: int) -> None:
-        """Every phase not finished after `from_step` steps fits this rank's layout."""
-        self._layouts.update(
-            self.schedule.layouts(self.dp_size, self._micro, from_step, self._micro_tokens)
-        )
-
     def layout_at(self, step: int) -> Layout:
         """The layout the trainer runs at its step `step` (counted from 1)."""
-        p = self.schedule.phase_at(step)
-        if p.name not in self._layouts:
-            micro = self._micro(p) if callable(self._micro) else self._micro
-            if self._micro_tokens is not None:
-                micro = self._micro_tokens // p.seq_len
-            self._layouts[p.name] = plan_layout(p.lanes, self.dp_size, p.global_batch_size, micro)
-        return self._layouts[p.name]
+        return self.rank.layout_at(step)
 
     def phase_at(self, step: int) -> Phase:
         """The phase of the trainer's step `step` (counted from 1)."""
@@ -171,20 +146,9 @@ class ZephonLoader:
         return self.layout_at(self.step + 1)
 
     @property
-    def rows_per_lane(self) -> int:
-        """Rows each lane gives at the next step."""
-        return self.schedule.phase_at(self.step + 1).rows_per_lane
-
-    @property
-    def seq_len(self) -> int:
-        return self.schedule.phase_at(self.step + 1).seq_len
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.schedule.phase_at(self.step + 1).global_batch_size
-
-    def _lanes_of(self, seg: Segment) -> range:
-        return self.layout_at(seg.start_step + 1).lanes_of(self.dp_rank)
+    def phase(self) -> Phase:
+        """The phase of the next step: its seq_len, global batch size, rows per lane."""
+        return self.schedule.phase_at(self.step + 1)
 
     @property
     def needs_boundary_state(self) -> bool:
@@ -192,10 +156,7 @@ class ZephonLoader:
         rank cannot enter alone: give every rank the merged state of all ranks
         written now (`load_state_dict(merge_rank_states(...))`) first. A loader
         with every lane (dp_size 1) crosses by itself."""
-        seg = self._segment
-        if self.dp_size == 1 or seg.end_step is None or self.step != seg.end_step:
-            return False
-        return self.schedule.segment_of(self.step).lanes != seg.lanes
+        return self.rank.needs_merged_state(self._segment, self.step)
 
     # -- production -------------------------------------------------------
 
@@ -222,7 +183,7 @@ class ZephonLoader:
             step,
             self.prefetch,
             self.traces,
-            whole=self.dp_size == 1,
+            whole=self.rank.whole,
         )
 
     def start(self) -> None:
@@ -266,7 +227,7 @@ class ZephonLoader:
         if self._ended:
             raise StopIteration
         if self.needs_boundary_state:
-            raise StateError(self._boundary_message())
+            raise StateError(self.rank.boundary_message(self._segment, self.step))
         self.start()
         assert self._producer is not None
         item = self._producer.next()
@@ -274,7 +235,7 @@ class ZephonLoader:
             self._ended = True
             raise StopIteration
         if item is BOUNDARY:
-            raise StateError(self._boundary_message())
+            raise StateError(self.rank.boundary_message(self._segment, self.step))
         if isinstance(item, BaseException):
             self._ended = True
             raise item
@@ -290,14 +251,6 @@ class ZephonLoader:
             self._flushes.add(lane, points, consumed)
         return batch
 
-    def _boundary_message(self) -> str:
-        p = self.schedule.phase_at(self.step + 1)
-        return (
-            f"step {self.step + 1} starts {p.label} with {p.lanes} lanes (from "
-            f"{self._segment.lanes}): every rank needs the merged loader state of step "
-            f"{self.step} first (load_state_dict(merge_rank_states(all ranks' state_dict())))"
-        )
-
     def __iter__(self) -> Any:
         while True:
             try:
@@ -309,23 +262,8 @@ class ZephonLoader:
         """This rank's state (its lanes only); merge ranks with merge_rank_states."""
         self._plan_fresh()
         seg = self._segment
-        consumed = seg.rows_before(self.step)
-        state: dict[str, Any] = {
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
-            "fingerprint": fingerprint_at(self.fingerprint, self.step),
-            "step": self.step,
-            "rows_per_lane_per_step": self.schedule.phase_at(self.step).rows_per_lane,
-            "rank": self.dp_rank,
-            "segment_start": seg.start_step,
-            "num_lanes": seg.lanes,
-            "lanes": self._flushes.state_lanes(self.lane_ids, consumed),
-        }
-        if self.schedule.named:
-            state["phase"] = self.schedule.phase_at(self.step).name
-            starting = [p.name for p in self.schedule.phases if p.start_step == self.step]
-            if starting and self.step > 0:
-                state["boundary_of"] = starting[0]
+        lanes = self._flushes.state_lanes(self.lane_ids, seg.rows_before(self.step))
+        state = rank_state(self.fingerprint, self.schedule, self.step, self.dp_rank, seg, lanes)
         if self._deals:  # absent until the lane count changed
             state["deals"] = self._deals
         if self.recipe.bad_records == "drop":  # absent otherwise: older states stay as they were
@@ -350,9 +288,9 @@ class ZephonLoader:
         size; at a lane-count change, the merged state of every rank."""
         state = self.check_resumable(state)
         step = int(state["step"])
-        self._check_layouts(step)
+        self.rank.check(step)
         self._discard_lanes()
-        seg, points, deals = resume_starts(self.ctx, self.schedule, state, self._lanes_of)
+        seg, points, deals = resume_starts(self.ctx, self.schedule, state, self.rank.lanes_of)
         restore_dropped(self.ctx.readers, state.get("dropped_records", {}))
         if self.traces is not None:
             self.traces = {}

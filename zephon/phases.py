@@ -210,6 +210,33 @@ class Schedule:
         """The phases with batches still to come after `steps_done` steps."""
         return tuple(p for p in self.phases if p.end_step is None or p.end_step > steps_done)
 
+    def layout_of(
+        self,
+        p: Phase,
+        dp_size: int,
+        micro_batch: MicroBatch = None,
+        micro_batch_tokens: int | None = None,
+    ) -> Layout:
+        """The layout of phase `p` over `dp_size` ranks, or a LayoutError naming it.
+
+        micro_batch: rows per micro-batch, or a function of the phase giving them
+        (None: one micro-batch per step); micro_batch_tokens: tokens per
+        micro-batch instead, a multiple of the phase's seq_len."""
+        micro = micro_batch(p) if callable(micro_batch) else micro_batch
+        try:
+            if micro_batch_tokens is not None:
+                if micro_batch_tokens % p.seq_len or micro_batch_tokens < p.seq_len:
+                    raise LayoutError(
+                        f"micro_batch_tokens {micro_batch_tokens} is not a whole number of "
+                        f"rows of seq_len {p.seq_len}"
+                    )
+                micro = micro_batch_tokens // p.seq_len
+            return plan_layout(p.lanes, dp_size, p.global_batch_size, micro)
+        except LayoutError as exc:
+            if p.name is None:
+                raise
+            raise LayoutError(f"phase '{p.name}' (from step {p.start_step}): {exc}") from None
+
     def layouts(
         self,
         dp_size: int,
@@ -218,28 +245,11 @@ class Schedule:
         micro_batch_tokens: int | None = None,
     ) -> dict[str | None, Layout]:
         """Every phase not finished after `from_step` steps, checked for `dp_size`
-        ranks: its layout by phase name, or a LayoutError naming the phase.
-
-        micro_batch: rows per micro-batch, or a function of the phase giving them
-        (None: one micro-batch per step); micro_batch_tokens: tokens per
-        micro-batch instead, a multiple of each phase's seq_len."""
-        out: dict[str | None, Layout] = {}
-        for p in self.unfinished(from_step):
-            micro = micro_batch(p) if callable(micro_batch) else micro_batch
-            try:
-                if micro_batch_tokens is not None:
-                    if micro_batch_tokens % p.seq_len or micro_batch_tokens < p.seq_len:
-                        raise LayoutError(
-                            f"micro_batch_tokens {micro_batch_tokens} is not a whole number of "
-                            f"rows of seq_len {p.seq_len}"
-                        )
-                    micro = micro_batch_tokens // p.seq_len
-                out[p.name] = plan_layout(p.lanes, dp_size, p.global_batch_size, micro)
-            except LayoutError as exc:
-                if p.name is None:
-                    raise
-                raise LayoutError(f"phase '{p.name}' (from step {p.start_step}): {exc}") from None
-        return out
+        ranks (`layout_of`): its layout by phase name."""
+        return {
+            p.name: self.layout_of(p, dp_size, micro_batch, micro_batch_tokens)
+            for p in self.unfinished(from_step)
+        }
 
 
 def flushes(before: Phase, after: Phase) -> bool:

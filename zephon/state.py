@@ -105,6 +105,34 @@ def fingerprint_at(fingerprint: dict[str, Any], steps_done: int) -> dict[str, An
     return {**fingerprint, "phases": started}
 
 
+def rank_state(
+    fingerprint: dict[str, Any],
+    schedule: Any,
+    step: int,
+    rank: int,
+    segment: Any,
+    lanes: dict[str, Any],
+) -> dict[str, Any]:
+    """A rank's state document after `step` steps: its lanes' entries in `segment`."""
+    state: dict[str, Any] = {
+        "format": STATE_FORMAT,
+        "version": STATE_VERSION,
+        "fingerprint": fingerprint_at(fingerprint, step),
+        "step": step,
+        "rows_per_lane_per_step": schedule.phase_at(step).rows_per_lane,
+        "rank": rank,
+        "segment_start": segment.start_step,
+        "num_lanes": segment.lanes,
+        "lanes": lanes,
+    }
+    if schedule.named:
+        state["phase"] = schedule.phase_at(step).name
+        starting = [p.name for p in schedule.phases if p.start_step == step and step > 0]
+        if starting:
+            state["boundary_of"] = starting[0]
+    return state
+
+
 def phases_of(fingerprint: dict[str, Any]) -> list[dict[str, Any]]:
     """A fingerprint's phase entries; a recipe without phases is one phase from step 0."""
     if "phases" in fingerprint:
