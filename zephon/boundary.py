@@ -87,8 +87,8 @@ def _deal(
             "row": 0,
             "mix": _zero(ctx),
             "sources": {
-                name: {"epoch": e, "pos": p, "retired": r}
-                for name, ((e, p, r)) in ((n, cursors[n][j]) for n in cursors)
+                name: dict(zip(("epoch", "pos", "retired"), starts[j], strict=True))
+                for name, starts in cursors.items()
             },
             "skip_tokens": 0,
             **({"carry": carry} if carry else {}),
