@@ -13,7 +13,7 @@ import pytest
 from torchtitan.datasets.hf_baseline import HFBaselineLoader
 from zephon.batch import IGNORE_INDEX, Batch
 from zephon.digest import global_batch_digest
-from zephon.errors import StateError
+from zephon.errors import StateError, ZephonError
 from zephon.recipe import Recipe, load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -233,3 +233,16 @@ def test_repeat_sources_loop_and_stop_sources_do_not(tmp_path, tokenizer_path, c
     assert len(epoch_rows) >= 3  # the shard was read several times
     # after the first pass only the "repeat" source is read, so epochs are shorter
     assert epoch_rows[0] > epoch_rows[1]
+
+
+def test_a_recipe_with_phases_is_refused(recipe, tokenizer_path, cache_dir):
+    """The baseline reads one fixed mixture: a data schedule is Zephon's."""
+    from dataclasses import replace
+
+    from zephon.recipe import PhaseSpec
+
+    phased = replace(recipe, phases=(PhaseSpec("base", 0), PhaseSpec("anneal", 5)))
+    with pytest.raises(ZephonError, match="this recipe has 2 phases \\(base, anneal\\)"):
+        _loader(phased, tokenizer_path, cache_dir, 0, 1)
+    one = replace(recipe, phases=(PhaseSpec("base", 0),))
+    assert _loader(one, tokenizer_path, cache_dir, 0, 1).next_batch().num_rows == GLOBAL_BATCH

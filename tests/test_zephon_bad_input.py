@@ -82,7 +82,8 @@ RECIPE_CASES: dict[str, tuple[str, list[str]]] = {
         HEADER + SOURCE_A + '[packign]\nalgorithm = "concat"\n',
         [
             "[recipe file] has unknown key(s): packign",
-            "expected only: execution, image, mixture, packing, recipe, shuffle, source, storage",
+            "expected only: execution, image, mixture, packing, phase, recipe, shuffle, source, "
+            "storage",
         ],
     ),
     "unknown-packing-key": (
@@ -607,8 +608,8 @@ def test_resume_after_the_data_changed_names_sources(
     ("edit", "expected"),
     [
         ({"format": "torch.pickle"}, "not a Zephon loader state (expected format"),
-        ({"version": 2}, "state version 2; this Zephon reads version 1"),
-        ({"version": None}, "state version None; this Zephon reads version 1"),
+        ({"version": 3}, "state version 3; this Zephon reads versions 1, 2"),
+        ({"version": None}, "state version None; this Zephon reads versions 1, 2"),
         ({"lanes": DELETE}, "missing field 'lanes'"),
     ],
 )

@@ -6,6 +6,8 @@ d * 1000 + j), so every row can be traced back to what was packed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 
@@ -35,11 +37,15 @@ class ListLane:
         self.flushes: list[tuple[int, int, int]] = []  # (row, list index, skip tokens)
         self.builder = RowBuilder(ROW, PAD, SOURCES)
 
-    def pick(self) -> tuple[np.ndarray, int] | None:
+    def pick(self) -> tuple[np.ndarray, int, int] | None:
         if self.at == len(self.docs):
             return None
         self.at += 1
-        return self.docs[self.at - 1]
+        ids, source = self.docs[self.at - 1]
+        return ids, source, self.at - 1
+
+    def unpick(self) -> None:
+        self.at -= 1
 
     def emit(self, pieces: list[Piece]) -> None:
         tokens, positions, _, _ = self.builder.build(pieces)
@@ -49,7 +55,8 @@ class ListLane:
     def snapshot(self) -> tuple:
         return (self.at,)
 
-    def flush_point(self, snapshot: tuple, skip_tokens: int) -> None:
+    def flush_point(self, snapshot: tuple, skip_tokens: int, carry: Sequence = ()) -> None:
+        assert not carry  # no phase boundary here
         self.flushes.append((self.rows_emitted, snapshot[0], skip_tokens))
 
 

@@ -23,9 +23,15 @@ def make_ranks(recipe: Any, tok: Any, dp: int, **kw: Any) -> list[ZephonLoader]:
 
 
 def step_digests(loaders: list[ZephonLoader], steps: int) -> list[str]:
-    """Global digest of each step, lanes gathered in rank order."""
+    """Global digest of each step, lanes gathered in rank order. At a phase that
+    changes the lane count every rank gets the merged state first, as the trainer
+    gives it."""
     out = []
     for _ in range(steps):
+        if any(loader.needs_boundary_state for loader in loaders):
+            state = save(loaders)
+            for loader in loaders:
+                loader.load_state_dict(state)
         digests: list[bytes] = []
         for loader in loaders:
             digests.extend(loader.next_batch().digests)

@@ -1,4 +1,10 @@
-"""`python -m zephon validate | preview | hash | inspect`."""
+"""`python -m zephon validate | preview | hash | inspect | mixture`.
+
+Every command follows the recipe's phases: validate checks each phase for
+each data-parallel size given, preview and hash cross phase boundaries (at a
+lane-count change the simulated ranks get the merged state, as a trainer
+gives it), inspect shows a state's phase, carried documents and lane-count
+changes, and mixture sets the realised mixture against the schedule."""
 
 from __future__ import annotations
 
@@ -6,16 +12,19 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+from zephon.batch import Batch
 from zephon.digest import global_batch_digest
-from zephon.errors import ZephonError
+from zephon.errors import LayoutError, ZephonError
 from zephon.layout import plan_layout
 from zephon.loader import ZephonLoader
+from zephon.phases import Schedule, resolve_schedule
 from zephon.recipe import Recipe, SourceSpec, load_recipe
 from zephon.shuffle import SourcePlan
 from zephon.sources import SourceReader
-from zephon.state import load_file
+from zephon.state import load_file, merge_rank_states
 from zephon.tokenize import load_tokenizer
 
 DEFAULT_TOKENIZER = str(
@@ -43,22 +52,88 @@ def _share(text: str) -> float:
     return value
 
 
-def _shape_args(p: argparse.ArgumentParser, dp: bool = True) -> None:
+def _sizes(text: str) -> list[int]:
+    return [_positive(t) for t in text.split(",")]
+
+
+SEQ_LEN, GLOBAL_BATCH = 256, 32  # the first phase's, unless the recipe sets them
+
+
+def _shape_args(p: argparse.ArgumentParser, dp: bool = True, sizes: bool = False) -> None:
     p.add_argument("recipe", help="data recipe TOML")
     p.add_argument("--tokenizer", default=DEFAULT_TOKENIZER, help="tokenizer.json or its folder")
-    p.add_argument("--seq-len", type=_positive, default=256)
-    p.add_argument("--global-batch", type=_positive, default=32, help="rows per step, all ranks")
-    if dp:
+    p.add_argument("--seq-len", type=_positive, default=None, help=f"default {SEQ_LEN}")
+    p.add_argument(
+        "--global-batch",
+        type=_positive,
+        default=None,
+        help=f"rows per step, default {GLOBAL_BATCH}",
+    )
+    if sizes:
+        p.add_argument(
+            "--dp", type=_sizes, default=[1], help="data-parallel sizes to check, e.g. 1,2,4"
+        )
+    elif dp:
         p.add_argument("--dp", type=_positive, default=1, help="data-parallel size to simulate")
+    if dp or sizes:
         p.add_argument("--micro-batch", type=_positive, default=None, help="rows per micro-batch")
     p.add_argument("--workers", type=int, default=None, help="override the recipe's workers")
     p.add_argument("--prefetch", type=int, default=None, help="override the recipe's prefetch")
 
 
+def _shape(a: argparse.Namespace) -> tuple[int, int, tuple[str, ...]]:
+    """seq_len, global batch size and which of them were given (the first phase's
+    unless the recipe sets them; given and set differently is an error)."""
+    given = tuple(
+        k for k, v in (("seq_len", a.seq_len), ("global_batch_size", a.global_batch)) if v
+    )
+    return a.seq_len or SEQ_LEN, a.global_batch or GLOBAL_BATCH, given
+
+
+def _schedule(recipe: Recipe, a: argparse.Namespace) -> Schedule:
+    seq_len, batch, given = _shape(a)
+    return resolve_schedule(recipe, seq_len, batch, given)
+
+
+def _print_phases(
+    schedule: Schedule, sizes: list[int], micro: int | None, max_idle_share: float = 1.0
+) -> int:
+    """Each phase and its layout for each size; returns how many do not fit."""
+    bad = 0
+    flush_starts = {seg.start_step for seg in schedule.segments}
+    for p in schedule.phases:
+        end = f"{p.end_step}" if p.end_step is not None else "end"
+        weights = " ".join(f"{n} {w / sum(p.weights):.3f}" for n, w in p.weights_by_name.items())
+        cut = "" if p.start_step in flush_starts else " (batch size only: lanes go on)"
+        print(
+            f"phase     {p.name}: steps {p.start_step + 1}..{end}, global_batch="
+            f"{p.global_batch_size} seq_len={p.seq_len} lanes={p.lanes}{cut}; {weights}"
+        )
+        for d in sizes:
+            try:
+                layout = plan_layout(p.lanes, d, p.global_batch_size, micro, max_idle_share)
+                print(f"  dp={d}: {layout.describe()}")
+                if note := layout.imbalance():
+                    print(f"    imbalance {note}")
+            except LayoutError as exc:
+                bad += 1
+                print(f"  dp={d}: error: {exc}")
+    return bad
+
+
 def cmd_validate(a: argparse.Namespace) -> int:
     recipe = load_recipe(a.recipe)
+    schedule = _schedule(recipe, a)
     lanes = recipe.lanes
-    layout = plan_layout(lanes, a.dp, a.global_batch, a.micro_batch, a.max_idle_share)
+    first = schedule.phases[0]
+    layouts = (
+        []
+        if schedule.named
+        else [
+            plan_layout(lanes, d, first.global_batch_size, a.micro_batch, a.max_idle_share)
+            for d in a.dp
+        ]
+    )
     tok = load_tokenizer(a.tokenizer, recipe.tokenizer, recipe.path)
     bos = f", bos {tok.bos_id} prepended" if tok.add_bos else ""
     print(
@@ -68,15 +143,17 @@ def cmd_validate(a: argparse.Namespace) -> int:
         f"tokenizer {a.tokenizer}  (vocab {tok.vocab_size}, eos {tok.eos_id}, pad {tok.pad_id}"
         f"{bos})"
     )
-    print(f"layout    {layout.describe()} seq_len={a.seq_len}")
-    for r in range(a.dp):
-        ids = layout.lanes_of(r)
-        print(
-            f"  rank {r}: lanes {ids.start}..{ids.stop - 1}, {layout.rows_of(r)} rows"
-            + (f" + {layout.padded_rows(r)} padding" if layout.padded_rows(r) else "")
-        )
-    if note := layout.imbalance():
-        print(f"imbalance {note}")
+    for layout in layouts:
+        print(f"layout    {layout.describe()} seq_len={first.seq_len}")
+        for r in range(layout.dp_size):
+            ids = layout.lanes_of(r)
+            print(
+                f"  rank {r}: lanes {ids.start}..{ids.stop - 1}, {layout.rows_of(r)} rows"
+                + (f" + {layout.padded_rows(r)} padding" if layout.padded_rows(r) else "")
+            )
+        if note := layout.imbalance():
+            print(f"imbalance {note}")
+    bad = _print_phases(schedule, a.dp, a.micro_batch, a.max_idle_share) if schedule.named else 0
     total_w = sum(s.weight for s in recipe.sources)
     print(f"mixture   unit={recipe.mixture.unit}")
     for s in recipe.sources:
@@ -96,15 +173,20 @@ def cmd_validate(a: argparse.Namespace) -> int:
             if plan.per_lane_walk
             else f"{plan.num_blocks} blocks of {plan.block_size}"
         )
+        weight = "" if schedule.named else f"weight {s.weight / total_w:.3f}, "
         print(
             f"  {s.name}: {s.format}, {len(s.paths)} file(s), {reader.num_docs} docs, {kind}, "
-            f"weight {s.weight / total_w:.3f}, on_exhausted={s.on_exhausted}, {blocks}"
+            f"{weight}on_exhausted={s.on_exhausted}, {blocks}"
         )
     p = recipe.packing
     print(
         f"packing   {p.algorithm} flush_interval={p.flush_interval} rows"
         + (f" open_bins={p.open_bins}" if p.algorithm == "best_fit" else "")
     )
+    if bad:
+        raise LayoutError(
+            f"{bad} phase and data-parallel size combination(s) do not fit (listed above)"
+        )
     if a.scan:
         return _scan(recipe, tok.vocab_size, a.scan_workers)
     print("ok")
@@ -137,74 +219,141 @@ def _scan(recipe: Recipe, vocab_size: int, workers: int | None) -> int:
     return 0
 
 
+def _print_row(
+    tok: object, ids: list[int], pos: list[int], labels: list[int], head: str, chars: int
+) -> None:
+    pad = [label == -100 for label in labels]
+    # Input token t is padding iff label t-1 is ignored; padding has position 0
+    # (clamped), so it must not start a segment per token.
+    is_pad = [False] + pad[:-1]
+    segments, cur = [], [ids[0]]
+    for t in range(1, len(ids)):
+        if (pos[t] == 0 and not is_pad[t]) or (is_pad[t] and not is_pad[t - 1]):
+            segments.append(cur)
+            cur = []
+        cur.append(ids[t])
+    segments.append(cur)
+    n_pad = sum(is_pad)
+    docs = len(segments) - (1 if n_pad else 0)
+    print(f"--- {head}: {docs} segment(s), {sum(pad)} ignored labels")
+    for k, seg in enumerate(segments):
+        if n_pad and k == len(segments) - 1:
+            print(f"  [{len(seg)} tok] (padding)")
+            continue
+        text = tok.decode(seg, skip_special_tokens=False)  # type: ignore[attr-defined]
+        print(f"  [{len(seg)} tok] {text[:chars]!r}")
+
+
 def cmd_preview(a: argparse.Namespace) -> int:
     recipe = load_recipe(a.recipe)
-    lanes = recipe.lanes
+    schedule = _schedule(recipe, a)
+    lanes = max(p.lanes for p in schedule.phases)
     if not 0 <= a.lane < lanes:
         raise ZephonError(f"--lane {a.lane} is outside [0, {lanes})")
-    dp = lanes  # one lane per simulated rank, so rank == lane
-    loader = ZephonLoader(
-        recipe, a.tokenizer, a.seq_len, lanes, 1, a.lane, dp, num_workers=a.workers, prefetch=0
-    )
+    seq_len, batch, given = _shape(a)
+    if schedule.named:  # every lane, across the phases (the lane count may change)
+        loader = ZephonLoader(
+            recipe, a.tokenizer, seq_len, batch, num_workers=a.workers, prefetch=0, explicit=given
+        )
+    else:  # one lane per simulated rank, so rank == lane: only that lane is built
+        loader = ZephonLoader(
+            recipe, a.tokenizer, seq_len, lanes, 1, a.lane, lanes, num_workers=a.workers, prefetch=0
+        )
     tok = loader.tok.tokenizer
+    shown = 0
     try:
-        for r in range(a.rows):
-            batch = loader.next_batch()
-            ids = batch.input_ids[0].tolist()
-            pos = batch.positions[0].tolist()
-            pad = (batch.labels[0] == -100).tolist()
-            # Input token t is padding iff label t-1 is ignored; padding has position 0
-            # (clamped), so it must not start a segment per token.
-            is_pad = [False] + pad[:-1]
-            segments, cur = [], [ids[0]]
-            for t in range(1, len(ids)):
-                if (pos[t] == 0 and not is_pad[t]) or (is_pad[t] and not is_pad[t - 1]):
-                    segments.append(cur)
-                    cur = []
-                cur.append(ids[t])
-            segments.append(cur)
-            n_pad = sum(is_pad)
-            docs = len(segments) - (1 if n_pad else 0)
-            print(f"--- lane {a.lane} row {r}: {docs} segment(s), {sum(pad)} ignored labels")
-            for k, seg in enumerate(segments):
-                if n_pad and k == len(segments) - 1:
-                    print(f"  [{len(seg)} tok] (padding)")
-                    continue
-                text = tok.decode(seg, skip_special_tokens=False)
-                print(f"  [{len(seg)} tok] {text[: a.chars]!r}")
+        while shown < a.rows:
+            b = loader.next_batch()
+            per = b.num_rows // len(b.digests)
+            if not schedule.named:
+                rows = range(b.num_rows)  # the simulated rank's one lane
+            elif a.lane < len(b.digests):
+                rows = range(per * a.lane, per * (a.lane + 1))
+            else:
+                rows = range(0)  # a phase with fewer lanes
+            for i in rows:
+                if shown == a.rows:
+                    break
+                head = f"lane {a.lane} row {shown}"
+                if schedule.named:
+                    head += f" (phase {b.phase}, step {b.step + 1})"
+                ids, pos = b.input_ids[i].tolist(), b.positions[i].tolist()
+                _print_row(tok, ids, pos, b.labels[i].tolist(), head, a.chars)
+                shown += 1
+    except StopIteration:
+        print(f"data ended after {shown} rows")
     finally:
         loader.close()
     return 0
 
 
-def cmd_hash(a: argparse.Namespace) -> int:
-    recipe = load_recipe(a.recipe)
-    tok = load_tokenizer(a.tokenizer)
-    loaders = [
+def _steps(loaders: list[ZephonLoader], steps: int) -> Iterator[list[Batch]]:
+    """Each step's batches of the simulated ranks; at a lane-count change every rank
+    gets the merged state first, as a trainer gives it."""
+    for _ in range(steps):
+        if any(loader.needs_boundary_state for loader in loaders):
+            merged = merge_rank_states([loader.state_dict() for loader in loaders])
+            for loader in loaders:
+                loader.load_state_dict(merged)
+        yield [loader.next_batch() for loader in loaders]
+
+
+def _ranks(a: argparse.Namespace, recipe: Recipe, dp: int) -> list[ZephonLoader]:
+    tok = load_tokenizer(a.tokenizer, recipe.tokenizer, recipe.path)
+    seq_len, batch, given = _shape(a)
+    return [
         ZephonLoader(
             recipe,
             tok,
-            a.seq_len,
-            a.global_batch,
-            a.micro_batch,
+            seq_len,
+            batch,
+            getattr(a, "micro_batch", None),
             r,
-            a.dp,
+            dp,
             num_workers=a.workers,
             prefetch=a.prefetch,
+            explicit=given,
         )
-        for r in range(a.dp)
+        for r in range(dp)
     ]
+
+
+def cmd_hash(a: argparse.Namespace) -> int:
+    recipe = load_recipe(a.recipe)
+    loaders = _ranks(a, recipe, a.dp)
+    step = 0
     try:
-        for step in range(a.steps):
-            digests: list[bytes] = []
-            for loader in loaders:
-                digests.extend(loader.next_batch().digests)
-            print(f"step {step} {global_batch_digest(digests)}")
+        for batches in _steps(loaders, a.steps):
+            digest = global_batch_digest([d for b in batches for d in b.digests])
+            phase = f" {batches[0].phase}" if batches[0].phase is not None else ""
+            print(f"step {step} {digest}{phase}")
+            step += 1
     except StopIteration:
         print(f"data ended after {step} steps")
     finally:
         for loader in loaders:
             loader.close()
+    return 0
+
+
+def cmd_mixture(a: argparse.Namespace) -> int:
+    from zephon.mixture_report import measure, plot, table
+
+    recipe = load_recipe(a.recipe)
+    loaders = _ranks(a, recipe, 1)
+    try:
+        rows = measure(
+            loaders[0].schedule, _steps(loaders, a.steps), recipe.mixture.unit == "documents"
+        )
+    except StopIteration:
+        raise ZephonError(f"the data ended before step {a.steps}") from None
+    finally:
+        loaders[0].close()
+    for line in table(rows):
+        print(line)
+    if a.plot:
+        plot(rows, a.plot, f"{recipe.name}: realised mixture by {recipe.mixture.unit}")
+        print(f"plot      {a.plot}")
     return 0
 
 
@@ -232,17 +381,36 @@ def _print_state(a: argparse.Namespace, state: dict) -> None:
             f"{n}:e{v['epoch']}/{v['pos']}{'(retired)' if v['retired'] else ''}"
             for n, v in flush["sources"].items()
         )
+        carry = "".join(f" carry {n}#{d}+{off}" for n, d, off in flush.get("carry", []))
         print(
             f"  lane {k}: flush row {flush['row']} +{entry['rows_since_flush']} rows, "
-            f"skip {flush['skip_tokens']} tok, {srcs}"
+            f"skip {flush['skip_tokens']} tok, {srcs}{carry}"
         )
+    if "phase" in state:
+        names = ", ".join(f"{p['name']} (from step {p['start_step']})" for p in fp["phases"])
+        print(f"phases started: {names}")
+        at = (
+            f"; the boundary checkpoint of phase {state['boundary_of']}"
+            if "boundary_of" in state
+            else ""
+        )
+        print(
+            f"lanes: {state['num_lanes']}, in their segment since step {state['segment_start']}{at}"
+        )
+    for name, chain in state.get("deals", {}).items():
+        for rec in chain:
+            print(
+                f"deal {name}: phase {rec['phase']}, {rec['lanes_before']} -> "
+                f"{rec['lanes_after']} lanes, old lanes' epochs "
+                f"{sorted({e for e, _, _ in rec['cursors']})}"
+            )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zephon", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("validate", help="check a recipe and a layout; print the plan")
-    _shape_args(p)
+    p = sub.add_parser("validate", help="check a recipe and every phase's layout; print the plan")
+    _shape_args(p, sizes=True)
     p.add_argument(
         "--max-idle-share",
         type=_share,
@@ -265,6 +433,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="summarise a saved loader state (JSON)")
     p.add_argument("state")
     p.set_defaults(fn=cmd_inspect)
+    p = sub.add_parser("mixture", help="the realised mixture against the schedule, per step")
+    _shape_args(p, dp=False)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--plot", default="", help="write a PNG of it here")
+    p.set_defaults(fn=cmd_mixture)
     return parser
 
 

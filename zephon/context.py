@@ -3,40 +3,90 @@
 One place builds the sources' readers (under the recipe's bad-records
 policy), their shuffle plans, and the scheduler, so that the loader, its
 lanes and the tools all address a source the same way. `lane_docs` is where a
-lane's documents of a source come from: today the shuffle plan's deal
-(lane_docs.PlanLaneDocs); another deal is another LaneDocs.
+lane's documents of a source come from: the shuffle plan's deal for the lane
+count (lane_docs.PlanLaneDocs), or, after a lane-count change, the documents
+the old lanes left, dealt to the new ones (deal.py). `fetch` reads and
+tokenizes one document by its index: the tail of a document a lane carries
+across a phase boundary.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from zephon.deal import Record, build_lane_docs
 from zephon.errors import LayoutError
 from zephon.lane_docs import LaneDocs, PlanLaneDocs
+from zephon.pieces import encode_documents
 from zephon.recipe import Recipe
 from zephon.scheduler import DemandScheduler
 from zephon.shuffle import SourcePlan
 from zephon.sources import SourceReader
-from zephon.tokenize import TokenizerInfo
+from zephon.tokenize import TokenizerInfo, check_token_ids
 from zephon.tolerant import with_policy
 
 
 @dataclass
 class PipelineContext:
-    """What every lane of a loader shares: readers, plans, tokenizer, settings."""
+    """What every lane of a loader shares: readers, plans, tokenizer, settings.
+
+    deals: per source name, the lane-count changes whose dealt epochs lanes may
+    still reach (deal.py); empty before any change."""
 
     recipe: Recipe
     readers: list[Any]  # SourceReader, or its bad-records wrapper
-    plans: list[SourcePlan]
+    plans: list[SourcePlan]  # for the recipe's (first phase's) lane count
     tok: TokenizerInfo
-    row_len: int
     scheduler: DemandScheduler
+    deals: dict[str, list[Record]] = field(default_factory=dict)
+    _plans: dict[tuple[int, int], SourcePlan] = field(default_factory=dict)
+    _dealt: dict[tuple[int, int], list[LaneDocs]] = field(default_factory=dict)
 
-    def lane_docs(self, source: int, lane: int) -> LaneDocs:
+    def plan(self, source: int, lanes: int) -> SourcePlan:
+        """The source's shuffle plan for `lanes` lanes."""
+        if lanes == self.recipe.lanes:
+            return self.plans[source]
+        key = (source, lanes)
+        if key not in self._plans:
+            s, shuffle = self.recipe.sources[source], self.recipe.shuffle
+            n = self.readers[source].num_docs
+            self._plans[key] = SourcePlan(
+                s.name, n, lanes, shuffle.block_size, self.recipe.seed, shuffle.enabled
+            )
+        return self._plans[key]
+
+    def set_deals(self, deals: dict[str, list[Record]]) -> None:
+        self.deals = {k: v for k, v in deals.items() if v}
+        self._dealt = {}
+
+    def lane_docs(self, source: int, lane: int, lanes: int) -> LaneDocs:
         """The lane's documents of a source, in visiting order, epoch by epoch."""
-        repeat = self.recipe.sources[source].on_exhausted == "repeat"
-        return PlanLaneDocs(self.plans[source], lane, repeat)
+        spec = self.recipe.sources[source]
+        repeat = spec.on_exhausted == "repeat"
+        chain = self.deals.get(spec.name)
+        if not chain or int(chain[-1]["lanes_after"]) != lanes:
+            return PlanLaneDocs(self.plan(source, lanes), lane, repeat)
+        key = (source, lanes)
+        if key not in self._dealt:
+            shuffle = self.recipe.shuffle.enabled
+            self._dealt[key] = build_lane_docs(
+                chain, lambda n: self.plan(source, n), repeat, self.recipe.seed, spec.name, shuffle
+            )
+        return self._dealt[key][lane]
+
+    def fetch(self, source: int, doc: int) -> np.ndarray:
+        """Document `doc` of a source, read and tokenized now (counted as work)."""
+        reader, spec = self.readers[source], self.recipe.sources[source]
+        value = reader.read_range(doc, doc + 1)[0]
+        if spec.pretokenized:
+            ids = check_token_ids([value], [doc], spec, self.tok)[0]
+        else:
+            ids = encode_documents([value], self.tok)[0]
+        self.scheduler.count_fetched(len(ids), spec.pretokenized)
+        return ids
 
 
 def open_sources(recipe: Recipe, cache_dir: str | None) -> tuple[list[Any], list[SourcePlan]]:

@@ -138,12 +138,17 @@ class LaneDemand:
         weights: Sequence[float],
         unit: str,
     ):
-        self.lane, self.order = lane, order
+        self.lane, self.order, self.unit = lane, order, unit
         self.feeds: list[Feed] = []
+        self.rebase(mix_counts, offset, weights)
+
+    def rebase(self, mix_counts: Sequence[int], offset: int, weights: Sequence[float]) -> None:
+        """Follow the lane from this mixer state and offset (a new lane, or one that
+        entered a new segment keeping its feeds)."""
         self.mix_counts = list(mix_counts)
         self.taken = sum(self.mix_counts)  # sum(mix_counts), kept up to date on each take
         self.offset = offset  # lane-stream token offset where its next document starts
-        self.weights, self.unit = list(weights), unit
+        self.weights = list(weights)
         total = sum(self.weights)
         # A paused source (weight 0) gets share 0 and is never divided by.
         self.shares = [w / total if w else 0.0 for w in self.weights]
@@ -171,6 +176,8 @@ class LaneDemand:
             if not any(active):
                 break
             k = mix.choose(active)
+            if k < 0:  # every source left is paused in this phase
+                break
             f = feeds[k]
             ids = f.slots[idx[k]].ids if idx[k] < len(f.slots) else None
             if ids is None:

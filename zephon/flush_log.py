@@ -14,7 +14,7 @@ from typing import Any
 
 from zephon.errors import StateError
 
-FlushPoint = dict[str, Any]  # {"row", "mix", "sources", "skip_tokens"} (lane.py)
+FlushPoint = dict[str, Any]  # {"row", "mix", "sources", "skip_tokens", "carry"?} (lane.py)
 
 
 class FlushLog:
@@ -44,10 +44,10 @@ class FlushLog:
 
 
 def restore_points(
-    state: dict[str, Any], lanes: Sequence[int], rows_per_lane: int
+    state: dict[str, Any], lanes: Sequence[int], consumed: int
 ) -> dict[int, tuple[FlushPoint, int]]:
     """Per lane, (flush point, rows to replay after it) from a loader state,
-    checked against the state's step."""
+    checked against the rows each lane gave in its segment by the state's step."""
     missing = [lane for lane in lanes if str(lane) not in state["lanes"]]
     if missing:
         raise StateError(f"loader state has no entry for lane(s) {missing} of this rank")
@@ -56,10 +56,10 @@ def restore_points(
     for lane in lanes:
         entry = state["lanes"][str(lane)]
         flush = entry["flush"]
-        if flush["row"] + entry["rows_since_flush"] != step * rows_per_lane:
+        if flush["row"] + entry["rows_since_flush"] != consumed:
             raise StateError(
                 f"lane {lane}: flush row {flush['row']} + {entry['rows_since_flush']} rows "
-                f"does not match step {step} x {rows_per_lane} rows"
+                f"does not match the {consumed} rows each lane gave by step {step}"
             )
         points[lane] = (flush, int(entry["rows_since_flush"]))
     return points

@@ -8,28 +8,35 @@ by feed, each feed in its fixed visiting order, so the worker count,
 lookahead and prefetch depth never change the output.
 
 A lane's whole position is a small snapshot: per source (epoch, documents
-taken, retired), the mixing counters, and for `concat` the tokens of the
-current document already emitted. Flush points record such snapshots with
-their row index; a resume restores one and replays to the consumed row.
+taken, retired), the mixing counters by source name, and for `concat` the
+tokens of the current document already emitted, or the documents it carries
+(a phase boundary cut them; packing.py). Flush points record such snapshots
+with their row index, counted from the start of the lane's segment (the
+phases one lane stream spans, phases.py); a resume restores one and replays
+to the consumed row.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from zephon.context import PipelineContext
+from zephon.errors import StateError
 from zephon.feeds import Feed, FeedStart, LaneDemand
 from zephon.lane_docs import LaneDocs
 from zephon.mixing import Mixer
-from zephon.packing import BestFitPacker, ConcatPacker, Piece, RowBuilder
+from zephon.packing import BestFitPacker, Carry, ConcatPacker, Piece, RowBuilder
+from zephon.phases import Segment
 from zephon.recipe import Recipe
 
 
 class SourceCursor:
-    """A lane's position in one source; documents come from the scheduler's feed."""
+    """A lane's position in one source; documents come from the scheduler's feed
+    (`feed`: one that already follows this position, kept across a boundary)."""
 
     def __init__(
         self,
@@ -40,14 +47,17 @@ class SourceCursor:
         epoch: int,
         pos: int,
         retired: bool,
+        feed: Feed | None = None,
     ):
         self.ctx, self.source, self.docs = ctx, source, docs
         self.epoch, self.pos, self.retired = epoch, pos, retired
         self._epoch_docs = 0  # documents of the lane in self.epoch
         if not retired:
             self._roll()
-        start = FeedStart(ctx.readers[source], docs, self.epoch, self.pos, self.retired)
-        self.feed: Feed = ctx.scheduler.add_feed(demand, source, start)
+        if feed is None:
+            start = FeedStart(ctx.readers[source], docs, self.epoch, self.pos, self.retired)
+            feed = ctx.scheduler.add_feed(demand, source, start)
+        self.feed: Feed = feed
 
     def _roll(self) -> None:
         """Apply the end-of-epoch rule: next epoch (repeat) or retired (stop)."""
@@ -77,42 +87,81 @@ def initial_snapshot(recipe: Recipe) -> dict[str, Any]:
     names = [s.name for s in recipe.sources]
     return {
         "row": 0,
-        "mix": [0] * len(names),
+        "mix": {n: 0 for n in names},
         "sources": {n: {"epoch": 0, "pos": 0, "retired": False} for n in names},
         "skip_tokens": 0,
     }
 
 
+UNTOUCHED = {"epoch": 0, "pos": 0, "retired": False}  # a source added after the snapshot
+
+
+def mix_counts(mix: Any, names: Sequence[str]) -> list[int]:
+    """Mixer counts in recipe source order, from a snapshot's (by name; a source
+    the snapshot does not know has taken nothing)."""
+    if isinstance(mix, list):
+        return [int(c) for c in mix]
+    return [int(mix.get(n, 0)) for n in names]
+
+
 class LaneStream:
-    """Rows of one lane, produced on demand; records its flush points."""
+    """Rows of one lane of a segment, produced on demand; records its flush points."""
 
     def __init__(
         self,
         ctx: PipelineContext,
+        segment: Segment,
         lane: int,
         snapshot: dict[str, Any],
         trace: list[tuple[int, int]] | None = None,
+        before: LaneStream | None = None,
+        known: dict[tuple[int, int], np.ndarray] | None = None,
     ):
+        """`before`: the same lane in the segment that just ended, with the same lane
+        count: its feeds (and the documents they hold) go on serving this one.
+        `known`: ids of carried documents already in memory, by (source, index)."""
         self.ctx, self.lane, self.trace = ctx, lane, trace
         recipe = ctx.recipe
         names = [s.name for s in recipe.sources]
+        self.row_len, self.end_row = segment.row_len, segment.end_row
         self.rows_emitted = int(snapshot["row"])
-        weights = [s.weight for s in recipe.sources]
-        self.mixer = Mixer(weights, recipe.mixture.unit, snapshot["mix"])
+        weights = list(segment.weights)
+        self.mixer = Mixer(weights, recipe.mixture.unit, mix_counts(snapshot["mix"], names))
         packing = recipe.packing
-        skip = int(snapshot["skip_tokens"]) if packing.algorithm == "concat" else 0
+        concat = packing.algorithm == "concat"
+        skip = int(snapshot["skip_tokens"]) if concat else 0
+        # Documents a boundary cut: their rests come first (read and tokenized here).
+        known = known or {}
+        carried = []
+        for n, d, off in snapshot.get("carry", []):
+            i = names.index(n)
+            ids = known[(i, d)] if (i, d) in known else ctx.fetch(i, int(d))
+            carried.append((ids, i, int(d), int(off)))
+        tails = sum(len(ids) - off for ids, _, _, off in carried)
         # The scheduler follows the lane in its own stream's token offsets.
-        offset = self.rows_emitted * ctx.row_len - skip
-        demand = ctx.scheduler.add_lane(lane, self.mixer.counts, offset, weights)
+        offset = self.rows_emitted * self.row_len - skip + tails
+        feeds: list[Feed | None] = [None] * len(names)
+        if before is not None:
+            demand = before.demand
+            ctx.scheduler.rebase(demand, self.mixer.counts, offset, weights)
+            feeds = [c.feed for c in before.cursors]
+            if before.unpicked is not None:  # best_fit gave it back: first in its feed again
+                ids, i, d = before.unpicked
+                ctx.scheduler.give_back(feeds[i], ids, d)  # type: ignore[arg-type]
+        else:
+            demand = ctx.scheduler.add_lane(lane, self.mixer.counts, offset, weights)
+        self.demand = demand
+        sources = snapshot["sources"]
         self.cursors = [
             SourceCursor(
                 ctx,
                 demand,
                 i,
-                ctx.lane_docs(i, lane),
-                int(snapshot["sources"][n]["epoch"]),
-                int(snapshot["sources"][n]["pos"]),
-                bool(snapshot["sources"][n]["retired"]),
+                ctx.lane_docs(i, lane, segment.lanes),
+                int(sources.get(n, UNTOUCHED)["epoch"]),
+                int(sources.get(n, UNTOUCHED)["pos"]),
+                bool(sources.get(n, UNTOUCHED)["retired"]),
+                feeds[i],
             )
             for i, n in enumerate(names)
         ]
@@ -120,48 +169,58 @@ class LaneStream:
         self.names = names
         self.row_sources: deque[tuple[list[int], list[int]]] = deque()
         self.last_sources: tuple[list[int], list[int]] | None = None
-        if packing.algorithm == "concat":
+        if concat:
             self.packer: ConcatPacker | BestFitPacker = ConcatPacker(
-                ctx.row_len, packing.flush_interval, int(snapshot["skip_tokens"])
+                self.row_len, packing.flush_interval, skip, carried, self.end_row
             )
         else:
             self.packer = BestFitPacker(
-                ctx.row_len, packing.open_bins, packing.flush_interval, self.rows_emitted
+                self.row_len,
+                packing.open_bins,
+                packing.flush_interval,
+                self.rows_emitted,
+                self.end_row,
             )
         self.out: deque[tuple[np.ndarray, np.ndarray]] = deque()
         self.flushes: list[dict[str, Any]] = []  # after the starting one, which the loader holds
+        self.last_flush = snapshot
+        self.last_pick: tuple[np.ndarray, int, int] | None = None
+        self.unpicked: tuple[np.ndarray, int, int] | None = None
         self.docs_packed = 0
         self.ended = False
-        self._rows = RowBuilder(ctx.row_len, ctx.tok.pad_id, self.num_sources)
+        self._rows = RowBuilder(self.row_len, ctx.tok.pad_id, self.num_sources)
 
     # -- the interface packers use ---------------------------------------
 
     def snapshot(self) -> tuple:
         return tuple(self.mixer.counts), [(c.epoch, c.pos, c.retired) for c in self.cursors]
 
-    def flush_point(self, snapshot: tuple, skip_tokens: int) -> None:
+    def flush_point(self, snapshot: tuple, skip_tokens: int, carry: Sequence[Carry] = ()) -> None:
         mix, positions = snapshot
         names = self.names
-        self.flushes.append(
-            {
-                "row": self.rows_emitted,
-                "mix": list(mix),
-                "sources": {
-                    n: {"epoch": e, "pos": p, "retired": r}
-                    for n, (e, p, r) in zip(names, positions, strict=True)
-                },
-                "skip_tokens": skip_tokens,
-            }
-        )
+        point: dict[str, Any] = {
+            "row": self.rows_emitted,
+            "mix": dict(zip(names, mix, strict=True)),
+            "sources": {
+                n: {"epoch": e, "pos": p, "retired": r}
+                for n, (e, p, r) in zip(names, positions, strict=True)
+            },
+            "skip_tokens": skip_tokens,
+        }
+        if carry:  # only where a boundary cut documents: other points stay as they were
+            point["carry"] = [[names[s], d, off] for s, d, off in carry]
+        self.flushes.append(point)
+        self.last_flush = point
 
-    def pick(self) -> tuple[np.ndarray, int] | None:
-        """The next document's ids and its source index; None once every source ended."""
+    def pick(self) -> tuple[np.ndarray, int, int] | None:
+        """The next document's ids, its source index and its index in the source;
+        None once every source of the phase ended."""
         cursors, mixer = self.cursors, self.mixer
         while True:
             active = [not c.retired for c in cursors]
-            if not any(active):
+            i = mixer.choose(active) if any(active) else -1
+            if i < 0:
                 return None
-            i = mixer.choose(active)
             got = cursors[i].next_doc()
             if got is None:
                 continue  # that source just retired; choose among the rest
@@ -170,7 +229,16 @@ class LaneStream:
             self.docs_packed += 1
             if self.trace is not None:
                 self.trace.append((i, doc_id))
-            return ids, i
+            self.last_pick = (ids, i, doc_id)
+            return ids, i, doc_id
+
+    def unpick(self) -> None:
+        """The last pick was given back (best_fit at a boundary): it is not packed here.
+        The lane stops at its boundary; the flush point there is from before the pick."""
+        self.docs_packed -= 1
+        self.unpicked = self.last_pick
+        if self.trace is not None:
+            self.trace.pop()
 
     def emit(self, pieces: list[Piece]) -> None:
         tokens, positions, src_tokens, src_docs = self._rows.build(pieces)
@@ -192,3 +260,27 @@ class LaneStream:
     def take_flushes(self) -> list[dict[str, Any]]:
         out, self.flushes = self.flushes, []
         return out
+
+    def held_docs(self) -> dict[tuple[int, int], np.ndarray]:
+        """Ids of the documents the lane's flush points carry, by (source, index)."""
+        return self.packer.held() if isinstance(self.packer, ConcatPacker) else {}
+
+    def boundary_point(self) -> dict[str, Any]:
+        """The lane's flush point at its boundary row, where it stands now. A point
+        that names the document cut there by re-picking it (the skip form: a state
+        written before the boundary was in the recipe) is turned into a carry."""
+        point = self.last_flush
+        if self.rows_emitted != self.end_row or point["row"] != self.end_row or self.out:
+            raise StateError(
+                f"lane {self.lane}: not at its boundary row {self.end_row} "
+                f"(at row {self.rows_emitted}, flush point at row {point['row']})"
+            )
+        skip = int(point.get("skip_tokens", 0))
+        if skip and isinstance(self.packer, ConcatPacker):
+            got = self.pick()  # the document the run had cut here: the same pick
+            if got is None:
+                raise StateError(f"lane {self.lane}: data ended at its boundary row")
+            _, source, doc = got
+            self.flush_point(self.snapshot(), 0, [(source, doc, skip)])
+            point = self.take_flushes()[-1]
+        return point

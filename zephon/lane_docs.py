@@ -40,7 +40,8 @@ class LaneDocs(ABC):
 
     @abstractmethod
     def epoch_docs(self, epoch: int) -> int:
-        """Documents of this lane in `epoch` (at least one)."""
+        """Documents of this lane in `epoch` (a shuffle plan deals at least one; an
+        epoch dealt at a lane-count change may have none, see zephon/deal.py)."""
 
     @abstractmethod
     def num_blocks(self, epoch: int) -> int:
@@ -54,20 +55,32 @@ class LaneDocs(ABC):
     def locate(self, epoch: int, pos: int) -> tuple[int, int]:
         """(index of the block, offset in it) of the pos-th document of `epoch`."""
 
+    def block_size(self, epoch: int, j: int) -> int:
+        """Documents of the j-th block of the lane in `epoch`."""
+        return len(self.block(epoch, j).order)
+
     # -- the end-of-epoch rule -------------------------------------------------
 
     def position(self, epoch: int, pos: int) -> tuple[int, int] | None:
         """The cursor (epoch, pos) with an epoch's end rolled over: the next
-        epoch's start under `repeat`, None (the walk ended) under `stop`."""
-        if pos >= self.epoch_docs(epoch):
-            return (epoch + 1, 0) if self.repeat else None
+        epoch's start under `repeat` (past epochs without documents of this
+        lane), None (the walk ended) under `stop`."""
+        while pos >= self.epoch_docs(epoch):
+            if not self.repeat:
+                return None
+            epoch, pos = epoch + 1, 0
         return epoch, pos
 
     def next_block(self, epoch: int, j: int) -> tuple[int, int] | None:
         """(epoch, block index) of the block after block j, by the same rule."""
         if j + 1 < self.num_blocks(epoch):
             return epoch, j + 1
-        return (epoch + 1, 0) if self.repeat else None
+        if not self.repeat:
+            return None
+        epoch += 1
+        while not self.num_blocks(epoch):
+            epoch += 1
+        return epoch, 0
 
 
 class PlanLaneDocs(LaneDocs):
@@ -86,6 +99,10 @@ class PlanLaneDocs(LaneDocs):
         block = int(self.plan.lane_blocks(epoch, self.lane)[0][j])
         start, end = self.plan.block_range(block)
         return BlockPart(start, end, self.plan.block_order(epoch, block))
+
+    def block_size(self, epoch: int, j: int) -> int:
+        start, end = self.plan.block_range(int(self.plan.lane_blocks(epoch, self.lane)[0][j]))
+        return end - start
 
     def locate(self, epoch: int, pos: int) -> tuple[int, int]:
         return self.plan.locate(epoch, self.lane, pos)

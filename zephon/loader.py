@@ -5,37 +5,43 @@ Each step it takes G/L rows from every owned lane, in lane order;
 concatenating all ranks' batches in rank order gives the same bytes for any
 D <= L. A rank with fewer lanes hands over its real rows only, and its batch
 says how many rows every rank runs (`Batch.padded_to`), so the cut into
-micro-batches pads it to the same micro-steps. This class is the
+micro-batches pads it to the same micro-steps. The recipe may change G,
+seq_len, the mixture and L at phase boundaries (phases.py); the loader
+follows that schedule, and every batch says its phase. This class is the
 trainer's interface and ties the parts together: the sources and scheduler
-(context.py), producing batches (production.py) and the flush points a
-checkpoint records (flush_log.py). The checkpoint state counts only the
-steps the trainer took.
+(context.py), producing batches (production.py), the flush points a
+checkpoint records (flush_log.py) and where a restore starts (resume.py).
+The checkpoint state counts only the steps the trainer took.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Collection
 from typing import Any
 
 from zephon.batch import Batch
 from zephon.context import PipelineContext, open_sources
-from zephon.flush_log import FlushLog, FlushPoint, restore_points
+from zephon.deal import Record
+from zephon.errors import StateError
+from zephon.flush_log import FlushLog, FlushPoint
 from zephon.lane import LaneStream, initial_snapshot
-from zephon.layout import plan_layout
-from zephon.planner import UniformSteps
-from zephon.production import END, BatchProducer
+from zephon.layout import Layout
+from zephon.phases import MicroBatch, Phase, Segment, SegmentSteps, resolve_schedule
+from zephon.production import BOUNDARY, END, BatchProducer
+from zephon.rank_schedule import RankSchedule
 from zephon.recipe import Recipe, load_recipe
+from zephon.resume import resume_starts
 from zephon.scheduler import DemandScheduler
-from zephon.state import (
-    STATE_FORMAT,
-    STATE_VERSION,
-    check_fingerprint,
-    check_header,
-    make_fingerprint,
-)
+from zephon.state import check_fingerprint, check_header, make_fingerprint, rank_state, upgrade
 from zephon.tokenize import TokenizerInfo, resolve_tokenizer
 from zephon.tolerant import dropped_count, dropped_state, restore_dropped
+
+BLOCK_PREFETCH = (
+    "ZephonLoader(block_prefetch=...) is deprecated and ignored: lookahead is one token "
+    "budget per rank (lookahead_tokens)"
+)
 
 
 class ZephonLoader:
@@ -44,16 +50,25 @@ class ZephonLoader:
     Args:
         recipe: a Recipe or the path of a recipe TOML.
         tokenizer: path of a `tokenizer.json` (or a loaded TokenizerInfo).
-        seq_len: tokens per training row (rows hold seq_len + 1 tokens).
-        global_batch_size: rows per step over all ranks (a multiple of the lanes).
-        micro_batch_size: rows per micro-batch (sets the rows every rank runs per
-            step, `Batch.padded_to`, when ranks own different numbers of lanes).
+        seq_len, global_batch_size: tokens per training row (rows hold seq_len + 1)
+            and rows per step over all ranks; the first phase's unless the recipe sets them.
+        micro_batch_size: rows per micro-batch, or a function of the Phase giving
+            them; sets the rows every rank runs per step (`Batch.padded_to`) when
+            ranks own different numbers of lanes.
         dp_rank, dp_size: this rank and the data-parallel degree.
         num_workers, prefetch, lookahead_tokens, cache_dir: execution settings;
             None takes the recipe's. They never change a byte of output.
         block_prefetch: deprecated and ignored (lookahead is one token budget).
-        trace: record (source, document index) of every packed document per
-            lane in `self.traces` (for accounting tests and debugging).
+        trace: record (source, document index) of every packed document per lane
+            id in `self.traces` (tests, debugging; lane j's after a lane-count change
+            follow old lane j's).
+        explicit: which of "seq_len" and "global_batch_size" the job set on
+            purpose: one the recipe's first phase sets to another value is an error.
+        micro_batch_tokens: tokens per micro-batch instead of micro_batch_size
+            (a multiple of every phase's seq_len).
+
+    The layout of the last phase is checked here; the start (or a restore)
+    checks every phase not finished by then, so an error comes before any batch.
     """
 
     def __init__(
@@ -62,7 +77,7 @@ class ZephonLoader:
         tokenizer: str | os.PathLike[str] | TokenizerInfo,
         seq_len: int,
         global_batch_size: int,
-        micro_batch_size: int | None = None,
+        micro_batch_size: MicroBatch = None,
         dp_rank: int = 0,
         dp_size: int = 1,
         num_workers: int | None = None,
@@ -71,54 +86,87 @@ class ZephonLoader:
         cache_dir: str | None = None,
         trace: bool = False,
         lookahead_tokens: int | None = None,
+        explicit: Collection[str] = (),
+        micro_batch_tokens: int | None = None,
     ):
         self.recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
         ex = self.recipe.execution
-        self.layout = plan_layout(self.recipe.lanes, dp_size, global_batch_size, micro_batch_size)
-        if seq_len < 1:
-            raise ValueError(f"seq_len must be >= 1, got {seq_len}")
-        self.tok = resolve_tokenizer(tokenizer, self.recipe)
-        self.seq_len, self.global_batch_size = seq_len, global_batch_size
+        self.schedule = resolve_schedule(self.recipe, seq_len, global_batch_size, explicit)
         self.dp_rank, self.dp_size = dp_rank, dp_size
-        self.rows_per_lane = self.layout.rows_per_lane
-        self.lane_ids = self.layout.lanes_of(dp_rank)
+        self.rank = RankSchedule(
+            self.schedule, dp_rank, dp_size, micro_batch_size, micro_batch_tokens
+        )
+        self.rank.check(self.schedule.phases[-1].start_step)
+        self.tok = resolve_tokenizer(tokenizer, self.recipe)
         self.num_workers = ex.workers if num_workers is None else num_workers
         self.prefetch = ex.prefetch if prefetch is None else prefetch
         readers, plans = open_sources(self.recipe, cache_dir or ex.cache_dir or None)
         if block_prefetch is not None:
-            warnings.warn(
-                "ZephonLoader(block_prefetch=...) is deprecated and ignored: lookahead is one "
-                "token budget per rank (lookahead_tokens)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-        # Lookahead: one budget in tokens for the rank; default two steps of its rows.
-        row_len = seq_len + 1
-        rank_step_tokens = len(self.lane_ids) * self.rows_per_lane * row_len
+            warnings.warn(BLOCK_PREFETCH, DeprecationWarning, stacklevel=2)
+        # Lookahead: one budget in tokens for the rank; default two steps of its
+        # rows, of the phase with the most.
         budget = lookahead_tokens if lookahead_tokens is not None else ex.lookahead_tokens
-        self.lookahead_tokens = budget or 2 * rank_step_tokens
+        self.lookahead_tokens = budget or 2 * self.rank.step_tokens()
+        first = self.schedule.segments[0]
         self._scheduler: DemandScheduler | None = DemandScheduler(
             self.tok,
             self.num_workers,
             self.lookahead_tokens,
-            UniformSteps(self.rows_per_lane * row_len),
+            SegmentSteps(first),
             self.recipe.mixture.unit,
         )
         self.source_names = tuple(s.name for s in self.recipe.sources)
-        self.ctx = PipelineContext(self.recipe, readers, plans, self.tok, row_len, self._scheduler)
-        self.fingerprint = make_fingerprint(
-            self.recipe, readers, self.tok, seq_len, global_batch_size
-        )
-        self.traces: dict[int, list[tuple[int, int]]] | None = (
-            {lane: [] for lane in self.lane_ids} if trace else None
-        )
+        self.ctx = PipelineContext(self.recipe, readers, plans, self.tok, self._scheduler)
+        self.fingerprint = make_fingerprint(self.recipe, readers, self.tok, self.schedule)
+        self.traces: dict[int, list[tuple[int, int]]] | None = {} if trace else None
         self._producer: BatchProducer | None = None
-        start = initial_snapshot(self.recipe)
-        self._plan_start({lane: (start, 0) for lane in self.lane_ids}, step=0)
+        self._deals: dict[str, list[Record]] = {}
+        # A fresh start is planned when first needed: a loader built to be restored
+        # at a later phase may not fit the first phase's layout.
+        self.step, self._segment, self.lane_ids = 0, first, []
+        self._ended = False
+
+    def _plan_fresh(self) -> None:
+        """Plan a start from step 0, unless a start (fresh or restored) is planned."""
+        if self._producer is None:
+            self.rank.check(0)
+            first = self.schedule.segments[0]
+            start = initial_snapshot(self.recipe)
+            self._plan_start({lane: (start, 0) for lane in self.rank.lanes_of(first)}, 0, first)
+
+    # -- the schedule -----------------------------------------------------
+
+    def layout_at(self, step: int) -> Layout:
+        """The layout the trainer runs at its step `step` (counted from 1)."""
+        return self.rank.layout_at(step)
+
+    def phase_at(self, step: int) -> Phase:
+        """The phase of the trainer's step `step` (counted from 1)."""
+        return self.schedule.phase_at(step)
+
+    @property
+    def layout(self) -> Layout:
+        """The layout of the next step."""
+        return self.layout_at(self.step + 1)
+
+    @property
+    def phase(self) -> Phase:
+        """The phase of the next step: its seq_len, global batch size, rows per lane."""
+        return self.schedule.phase_at(self.step + 1)
+
+    @property
+    def needs_boundary_state(self) -> bool:
+        """Whether the next step starts a phase with another lane count that this
+        rank cannot enter alone: give every rank the merged state of all ranks
+        written now (`load_state_dict(merge_rank_states(...))`) first. A loader
+        with every lane (dp_size 1) crosses by itself."""
+        return self.rank.needs_merged_state(self._segment, self.step)
 
     # -- production -------------------------------------------------------
 
-    def _plan_start(self, points: dict[int, tuple[FlushPoint, int]], step: int) -> None:
+    def _plan_start(
+        self, points: dict[int, tuple[FlushPoint, int]], step: int, segment: Segment
+    ) -> None:
         """Set where each lane starts: (flush point, rows to replay after it).
 
         Nothing runs until the first batch is asked for, so a loader that is
@@ -126,9 +174,20 @@ class ZephonLoader:
         """
         self.step = step
         self._ended = False
+        self._segment = segment
+        self.lane_ids = sorted(points)
         self._flushes = FlushLog({lane: flush for lane, (flush, _) in points.items()})
+        assert self._scheduler is not None
+        self._scheduler.reset(SegmentSteps(segment))
         self._producer = BatchProducer(
-            self.ctx, points, step, self.rows_per_lane, self.prefetch, self.traces
+            self.ctx,
+            self.schedule,
+            segment,
+            points,
+            step,
+            self.prefetch,
+            self.traces,
+            whole=self.rank.whole,
         )
 
     def start(self) -> None:
@@ -136,12 +195,14 @@ class ZephonLoader:
 
         Happens on the first `next_batch`; call it to start work earlier.
         """
+        self._plan_fresh()
         assert self._producer is not None and self._scheduler is not None
         if self._producer.started:
             return
         passed = self._producer.start()
+        consumed = self._segment.rows_before(self.step)
         for lane, points in passed.items():
-            self._flushes.add(lane, points, self.step * self.rows_per_lane)
+            self._flushes.add(lane, points, consumed)
 
     @property
     def lanes(self) -> list[LaneStream]:
@@ -151,8 +212,7 @@ class ZephonLoader:
     @property
     def replay(self) -> dict[str, int]:
         """Work of the last start's replay: rows, documents packed and tokenized, tokens."""
-        assert self._producer is not None
-        return self._producer.replay
+        return self._producer.replay if self._producer is not None else {}
 
     @property
     def first_batch(self) -> dict[str, int] | None:
@@ -170,20 +230,30 @@ class ZephonLoader:
         """This rank's rows for the next step; StopIteration once a lane runs dry."""
         if self._ended:
             raise StopIteration
+        if self.needs_boundary_state:
+            raise StateError(self.rank.boundary_message(self._segment, self.step))
         self.start()
         assert self._producer is not None
         item = self._producer.next()
         if item is END:
             self._ended = True
             raise StopIteration
+        if item is BOUNDARY:
+            raise StateError(self.rank.boundary_message(self._segment, self.step))
         if isinstance(item, BaseException):
             self._ended = True
             raise item
-        batch, flushes = item  # type: ignore[misc]
-        batch.padded_to, batch.pad_id = self.layout.rows_per_rank, self.tok.pad_id
+        batch, flushes, entered = item  # type: ignore[misc]
+        if entered is not None:  # the first batch of a new segment: its lanes from now on
+            starts, self._deals = entered
+            self._segment = self.schedule.segment_of(self.step)
+            self.lane_ids = sorted(starts)
+            self._flushes = FlushLog(starts)
         self.step += 1
+        batch.padded_to, batch.pad_id = self.layout_at(self.step).rows_per_rank, self.tok.pad_id
+        consumed = self._segment.rows_before(self.step)
         for lane, points in flushes.items():
-            self._flushes.add(lane, points, self.step * self.rows_per_lane)
+            self._flushes.add(lane, points, consumed)
         return batch
 
     def __iter__(self) -> Any:
@@ -195,16 +265,12 @@ class ZephonLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's state (its lanes only); merge ranks with merge_rank_states."""
-        consumed = self.step * self.rows_per_lane
-        state = {
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
-            "fingerprint": self.fingerprint,
-            "step": self.step,
-            "rows_per_lane_per_step": self.rows_per_lane,
-            "rank": self.dp_rank,
-            "lanes": self._flushes.state_lanes(self.lane_ids, consumed),
-        }
+        self._plan_fresh()
+        seg = self._segment
+        lanes = self._flushes.state_lanes(self.lane_ids, seg.rows_before(self.step))
+        state = rank_state(self.fingerprint, self.schedule, self.step, self.dp_rank, seg, lanes)
+        if self._deals:  # absent until the lane count changed
+            state["deals"] = self._deals
         if self.recipe.bad_records == "drop":  # absent otherwise: older states stay as they were
             state["dropped_records"] = dropped_state(self.ctx.readers)
         return state
@@ -213,16 +279,28 @@ class ZephonLoader:
         """Bad records this rank's readers replaced by empty documents so far."""
         return dropped_count(self.ctx.readers)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a (merged or single-rank) state written at any data-parallel size."""
+    def check_resumable(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Refuse a state this run cannot continue (header, fingerprint of the phases
+        started by its step); returns it as the current state version."""
         check_header(state)
-        check_fingerprint(state["fingerprint"], self.fingerprint)
-        points = restore_points(state, self.lane_ids, self.rows_per_lane)
-        restore_dropped(self.ctx.readers, state.get("dropped_records", {}))
+        first = self.schedule.phases[0]
+        state = upgrade(state, list(first.weights_by_name))
+        check_fingerprint(state["fingerprint"], self.fingerprint, int(state["step"]))
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a (merged or single-rank) state written at any data-parallel
+        size; at a lane-count change, the merged state of every rank."""
+        state = self.check_resumable(state)
+        step = int(state["step"])
+        self.rank.check(step)
         self._discard_lanes()
+        seg, points, deals = resume_starts(self.ctx, self.schedule, state, self.rank.lanes_of)
+        restore_dropped(self.ctx.readers, state.get("dropped_records", {}))
         if self.traces is not None:
-            self.traces = {lane: [] for lane in self.lane_ids}
-        self._plan_start(points, int(state["step"]))
+            self.traces = {}
+        self._plan_start(points, step, seg)
+        self._deals = deals
 
     def _discard_lanes(self) -> None:
         """Stop producing and drop queued work of the current lanes."""

@@ -6,7 +6,8 @@ from the source owed the most. No random draws, so there is nothing to seed
 and the realised mixture never drifts: after n documents each source is within
 one document (document unit) or one document's tokens (token unit) of its
 exact share. Retired sources (exhausted under `stop`) drop out and the rest
-are renormalised.
+are renormalised, and so do paused ones (weight 0 in a recipe phase): a
+mixer over some paused sources picks exactly as one over the others alone.
 """
 
 from __future__ import annotations
@@ -20,10 +21,15 @@ class Mixer:
         self.by_tokens = unit == "tokens"
         self.counts = list(counts) if counts is not None else [0] * len(self.weights)
         self.total_w = sum(self.weights)
+        # A weight of 0 pauses a source (a phase that leaves it out): never chosen.
+        self.paused = [w <= 0 for w in self.weights] if 0 in self.weights else None
 
     def choose(self, active: Sequence[bool]) -> int:
-        """Index of the active source with the largest deficit (lowest index on ties)."""
+        """Index of the active source with the largest deficit (lowest index on ties);
+        -1 when every active source is paused."""
         weights, counts = self.weights, self.counts
+        if self.paused is not None:
+            active = [a and not p for a, p in zip(active, self.paused, strict=True)]
         if all(active):
             idx: Sequence[int] = range(len(weights))
             total_w, taken = self.total_w, sum(counts)

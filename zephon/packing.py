@@ -1,18 +1,44 @@
 """Packing: turning a lane's documents into rows of seq_len + 1 tokens.
 
-Packers pull documents from their lane (`lane.pick()`: ids and source), push
-finished rows as pieces (ids, source, whether the piece starts its document)
-with `lane.emit(pieces)` and declare flush points with
-`lane.flush_point(snapshot, skip_tokens)`: places where the packer holds no
-state, so a resume can restart from the lane's cursors alone. `RowBuilder`
-turns a row's pieces into tokens and positions: positions restart at 0 at
-every piece, that is at every document start, every row start and (best_fit)
-where the rest of a split document follows another document in a row;
-padding (pad id, position -1) fills only what the pieces leave free.
+Packers pull documents from their lane (`lane.pick()`: ids, source and
+document index), push finished rows as pieces (ids, source, whether the piece
+starts its document) with `lane.emit(pieces)` and declare flush points with
+`lane.flush_point(snapshot, skip_tokens, carry)`: places where the packer
+holds no state, so a resume can restart from the lane's cursors alone.
+`RowBuilder` turns a row's pieces into tokens and positions: positions
+restart at 0 at every piece, that is at every document start, every row
+start and (best_fit) where the rest of a split document follows another
+document in a row; padding (pad id, position -1) fills only what the pieces
+leave free.
+
+The flush-point contract. A flush point is (lane snapshot, skip_tokens,
+carry): the lane's cursors and mixer counts; for `concat`, either the
+cursors as they were before the document cut at that row plus how many of
+its tokens were emitted (skip_tokens), or the cursors after it plus the
+*carry*: (source, document index, tokens emitted) of each document whose
+rest is still to come, in order. A packer restarted from a flush point emits
+the carried rests first, before any mixing decision, then picks.
+
+Phase boundaries (`end_row`, docs/design.md "Phases"). When the lane's
+segment ends, the packer stops exactly at its boundary row R and declares a
+flush point there, holding nothing:
+- concat cuts the row stream at R; the document cut there is carried (its
+  cursors are after it; the next segment emits its rest first). Nothing is
+  skipped or repeated, no padding.
+- best_fit places one document at a time and may emit several rows at once,
+  so before placing a document it counts exactly the rows that placing it
+  and then closing every open bin would reach; if that passes R, the document
+  is un-picked (the flush point is the snapshot taken before the pick, so the
+  document stays first in its source's cursor, or in the pool at a
+  lane-count change), every open bin is closed (padded), and rows of padding
+  only fill up to R. A placement that reaches R exactly is followed by
+  closing the bins. No row crosses R; nothing is carried.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -20,6 +46,10 @@ import numpy as np
 # A piece of a row: (token ids, source index, whether the piece starts its
 # document). Packers build them; rows count tokens and documents by source.
 Piece = tuple[np.ndarray, int, bool]
+# A document whose rest a lane emits before its first pick: (source, document
+# index, tokens already emitted); with its ids once fetched (CarriedDoc).
+Carry = tuple[int, int, int]
+CarriedDoc = tuple[np.ndarray, int, int, int]  # (ids, source, document index, emitted)
 
 
 class RowBuilder:
@@ -57,10 +87,11 @@ class PackerLane(Protocol):
 
     rows_emitted: int
 
-    def pick(self) -> tuple[np.ndarray, int] | None: ...
+    def pick(self) -> tuple[np.ndarray, int, int] | None: ...
+    def unpick(self) -> None: ...
     def emit(self, pieces: list[Piece]) -> None: ...
     def snapshot(self) -> tuple: ...
-    def flush_point(self, snapshot: tuple, skip_tokens: int) -> None: ...
+    def flush_point(self, snapshot: tuple, skip_tokens: int, carry: Sequence[Carry]) -> None: ...
 
 
 class ConcatPacker:
@@ -69,28 +100,63 @@ class ConcatPacker:
     A flush point every `flush_interval` rows records the lane's cursors as they
     were before the document that straddles the row boundary, plus how many of
     its tokens were already emitted; replay re-picks that document and skips them.
+    At `end_row` (a phase boundary) and while carried rests are being emitted,
+    the flush point carries the cut documents instead (module notes).
     """
 
-    def __init__(self, row_len: int, flush_interval: int, skip_tokens: int = 0):
-        self.row_len, self.flush_interval = row_len, flush_interval
+    def __init__(
+        self,
+        row_len: int,
+        flush_interval: int,
+        skip_tokens: int = 0,
+        carry: Sequence[CarriedDoc] = (),
+        end_row: int | None = None,
+    ):
+        self.row_len, self.flush_interval, self.end_row = row_len, flush_interval, end_row
         self.cur: np.ndarray | None = None
         self.cur_source = 0
+        self.cur_doc = -1
+        self.cur_carried = False
         self.off = 0
         self.cur_pre: tuple = ()
         self.pending_skip = skip_tokens  # set on restore from a mid-document flush point
+        self.carry: deque[CarriedDoc] = deque(carry)
+
+    def held(self) -> dict[tuple[int, int], np.ndarray]:
+        """Ids of the documents a flush point here carries, by (source, index): the
+        next segment's lanes take them from memory instead of reading them again."""
+        out = {(s, d): ids for ids, s, d, _ in self.carry}
+        if self.cur is not None:
+            out[(self.cur_source, self.cur_doc)] = self.cur
+        return out
+
+    def tails(self) -> list[Carry]:
+        """What a flush point here carries: the current document if it is cut, then
+        the carried rests not begun."""
+        out = [(s, d, off) for _, s, d, off in self.carry]
+        if self.cur is not None and self.off < len(self.cur):
+            out.insert(0, (self.cur_source, self.cur_doc, self.off))
+        return out
 
     def fill(self, lane: PackerLane) -> bool:
         """Emit one row; False once the lane's sources are exhausted."""
+        if self.end_row is not None and lane.rows_emitted >= self.end_row:
+            raise RuntimeError(f"lane asked past its boundary row {self.end_row}")
         pieces: list[Piece] = []
         need = self.row_len
         while need:
             if self.cur is None or self.off == len(self.cur):
+                if self.carry:  # carried rests come first, before any mixing decision
+                    self.cur, self.cur_source, self.cur_doc, self.off = self.carry.popleft()
+                    self.cur_carried = True
+                    continue
                 pre = lane.snapshot()
                 doc = lane.pick()
                 if doc is None:
                     self.cur = None
                     break
-                (self.cur, self.cur_source), self.cur_pre = doc, pre
+                (self.cur, self.cur_source, self.cur_doc), self.cur_pre = doc, pre
+                self.cur_carried = False
                 # A document resumed mid-way (pending_skip) started in an earlier row.
                 self.off, self.pending_skip = self.pending_skip, 0
                 continue
@@ -104,11 +170,14 @@ class ConcatPacker:
         lane.emit(pieces)
         # Record the flush point as soon as its row is out, so a checkpoint
         # taken right at the boundary replays nothing.
-        if lane.rows_emitted % self.flush_interval == 0:
-            if self.cur is not None and self.off < len(self.cur):
-                lane.flush_point(self.cur_pre, self.off)
+        rows = lane.rows_emitted
+        if rows == self.end_row:  # the phase boundary: cut here, carry the rest
+            lane.flush_point(lane.snapshot(), 0, self.tails())
+        elif rows % self.flush_interval == 0:
+            if self.cur is not None and self.off < len(self.cur) and not self.cur_carried:
+                lane.flush_point(self.cur_pre, self.off, ())
             else:
-                lane.flush_point(lane.snapshot(), 0)
+                lane.flush_point(lane.snapshot(), 0, self.tails())
         return True
 
 
@@ -116,10 +185,19 @@ class BestFitPacker:
     """K open bins; each document (split into row-sized chunks) goes to the bin
     it fits most tightly. When no bin fits and K are open, the fullest bin is
     closed (padded). Every `flush_interval` rows all bins are closed, so the
-    flush point is simply the lane's cursors."""
+    flush point is simply the lane's cursors; at `end_row` (a phase boundary)
+    the lane stops exactly there (module notes)."""
 
-    def __init__(self, row_len: int, open_bins: int, flush_interval: int, start_row: int = 0):
+    def __init__(
+        self,
+        row_len: int,
+        open_bins: int,
+        flush_interval: int,
+        start_row: int = 0,
+        end_row: int | None = None,
+    ):
         self.row_len, self.k, self.flush_interval = row_len, open_bins, flush_interval
+        self.end_row = end_row
         self.bins: list[list[Piece]] = []
         self.free: list[int] = []
         self.rows_at_flush = start_row
@@ -132,13 +210,43 @@ class BestFitPacker:
         while self.bins:
             self._close(lane, 0)
 
+    def rows_placing(self, n: int) -> tuple[int, int]:
+        """(rows emitted, bins open after) if a document of n tokens were placed now."""
+        full, rest = divmod(n, self.row_len)
+        bins = len(self.bins)
+        if not rest:
+            return full, bins
+        fits = [f for f in self.free if f >= rest]
+        if fits:
+            return (full + 1, bins - 1) if min(fits) == rest else (full, bins)
+        return (full + 1, bins) if bins == self.k else (full, bins + 1)
+
+    def _stop_at_end(self, lane: PackerLane, snapshot: tuple) -> None:
+        """Close every bin, pad up to the boundary row and declare it a flush point."""
+        assert self.end_row is not None
+        self._flush(lane)
+        while lane.rows_emitted < self.end_row:
+            lane.emit([])
+        self.rows_at_flush = lane.rows_emitted
+        lane.flush_point(snapshot, 0, ())
+
     def fill(self, lane: PackerLane) -> bool:
         """Place one document (possibly emitting rows); False at the end of the data."""
+        end = self.end_row
+        if end is not None and lane.rows_emitted >= end:
+            raise RuntimeError(f"lane asked past its boundary row {end}")
+        pre = lane.snapshot() if end is not None else ()
         picked = lane.pick()
         if picked is None:
             self._flush(lane)
             return False
-        doc, source = picked
+        doc, source, _ = picked
+        if end is not None:
+            rows, bins = self.rows_placing(len(doc))
+            if lane.rows_emitted + rows + bins > end:  # it would cross the boundary
+                lane.unpick()
+                self._stop_at_end(lane, pre)
+                return True
         for a in range(0, len(doc), self.row_len):
             ids = doc[a : a + self.row_len]
             n = len(ids)
@@ -162,8 +270,10 @@ class BestFitPacker:
             self.free[best] -= n
             if self.free[best] == 0:
                 self._close(lane, best)
-        if lane.rows_emitted - self.rows_at_flush >= self.flush_interval:
+        if end is not None and lane.rows_emitted + len(self.bins) >= end:
+            self._stop_at_end(lane, lane.snapshot())
+        elif lane.rows_emitted - self.rows_at_flush >= self.flush_interval:
             self._flush(lane)
             self.rows_at_flush = lane.rows_emitted
-            lane.flush_point(lane.snapshot(), 0)
+            lane.flush_point(lane.snapshot(), 0, ())
         return True

@@ -147,14 +147,27 @@ class NeedPlanner:
         ld.restart()
         return feed
 
-    def reset(self) -> None:
-        """Forget every lane (a restore builds new ones); their feeds are marked dead."""
+    def give_back(self, feed: Feed, ids: np.ndarray, doc_id: int) -> None:
+        """A document its lane took is the feed's next again (best_fit gave it back
+        at a phase boundary): first in the feed, tokenized."""
+        slot = Slot(None, ids, doc_id, feed)
+        feed.slots.appendleft(slot)
+        feed.sched += 1
+        feed.taken -= 1
+        feed.sched_tokens += len(ids)
+        self.used += len(ids)
+        feed.lane.dirty = True
+
+    def reset(self, keep_stats: bool = False) -> None:
+        """Forget every lane (a restore or a phase boundary builds new ones); their
+        feeds are marked dead."""
         for ld in self.lanes:
             for f in ld.feeds:
                 f.dead = True
         self.lanes, self.waiting = [], set()
         self.used, self.warm, self.floor = 0, False, 0
-        self.stats = SchedulerStats()
+        if not keep_stats:
+            self.stats = SchedulerStats()
 
     def stats_dict(self) -> dict[str, Any]:
         return {

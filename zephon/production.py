@@ -1,11 +1,18 @@
 """Producing a rank's batches: lanes started, replayed, assembled, read ahead.
 
 Each lane starts from a flush point and replays the rows the trainer had
-already consumed after it; then every step takes the same number of rows from
-each of the rank's lanes, in lane order, and hashes each lane's rows. A
+already consumed after it; then every step takes the phase's rows per lane
+from each of the rank's lanes, in lane order, and hashes each lane's rows. A
 background thread may produce steps ahead of the trainer (prefetch); it never
 changes a byte, only when a batch is ready. Nothing runs before `start`, so a
 loader built and then restored does no wasted work.
+
+At the end of a segment (phases.py) every lane stands at its boundary row;
+before the next batch the producer builds the next segment's lanes from their
+boundary points (boundary.py) and the scheduler starts over for them. A
+lane-count change needs every lane's point: a producer that owns them all
+crosses it; otherwise it stops there (BOUNDARY) until the loader is given the
+merged state of all ranks.
 """
 
 from __future__ import annotations
@@ -17,15 +24,22 @@ from typing import Any
 import numpy as np
 
 from zephon.batch import Batch, rows_to_batch
+from zephon.boundary import enter_segment
 from zephon.context import PipelineContext
+from zephon.deal import Record
 from zephon.digest import rows_digest
 from zephon.errors import StateError
 from zephon.flush_log import FlushPoint
 from zephon.lane import LaneStream
+from zephon.phases import Schedule, Segment, SegmentSteps
 
 END = object()  # the data ended (a `stop` source ran dry)
+BOUNDARY = object()  # a lane-count change this rank cannot cross alone
 
-Produced = tuple[Batch, dict[int, list[FlushPoint]]]
+# The batch; each lane's new flush points; and, on a segment's first batch, the
+# new lanes' starting points and the lane-count changes to keep.
+Entered = tuple[dict[int, FlushPoint], dict[str, list[Record]]]
+Produced = tuple[Batch, dict[int, list[FlushPoint]], Entered | None]
 
 
 class BatchProducer:
@@ -33,27 +47,34 @@ class BatchProducer:
 
     Args:
         ctx: what the lanes share.
+        schedule: the phases, and the segments they form.
+        segment: the segment the starting lanes belong to.
         starts: per lane, (flush point, rows to replay after it).
-        step: the step the trainer continues at.
-        rows_per_lane: rows each lane gives per step.
+        step: the step the trainer continues at (batches before it were consumed).
         prefetch: steps produced ahead of the trainer (0: on the trainer's thread).
         traces: per lane, a list to record (source, document) of packed documents.
+        whole: the producer owns every lane, so it can cross lane-count changes.
     """
 
     def __init__(
         self,
         ctx: PipelineContext,
+        schedule: Schedule,
+        segment: Segment,
         starts: dict[int, tuple[FlushPoint, int]],
         step: int,
-        rows_per_lane: int,
         prefetch: int,
         traces: dict[int, list[tuple[int, int]]] | None,
+        whole: bool,
     ):
-        self.ctx, self.starts, self.step = ctx, starts, step
-        self.rows_per_lane, self.prefetch, self.traces = rows_per_lane, prefetch, traces
+        self.ctx, self.schedule, self.segment = ctx, schedule, segment
+        self.starts, self.step = starts, step
+        self.prefetch, self.traces, self.whole = prefetch, traces, whole
         self.source_names = tuple(s.name for s in ctx.recipe.sources)
         self.started = False
         self.lanes: list[LaneStream] = []
+        self._warm = False
+        self._entered: Entered | None = None
         self.produced_step = step
         self.replay = {"rows": 0, "docs_packed": 0, "docs_tokenized": 0, "tokens_tokenized": 0}
         self.first_batch: dict[str, int] | None = None
@@ -68,12 +89,11 @@ class BatchProducer:
         scheduler = self.ctx.scheduler
         # Replayed rows and the first batch are all "needed" work for the scheduler.
         scheduler.set_floor(self.step)
-        traces = self.traces
         self.lanes = [
-            LaneStream(self.ctx, lane, flush, traces[lane] if traces else None)
+            LaneStream(self.ctx, self.segment, lane, flush, self._trace(lane))
             for lane, (flush, _) in self.starts.items()
         ]
-        consumed = self.step * self.rows_per_lane
+        consumed = self.segment.rows_before(self.step)
         passed = {}
         for lane in self.lanes:
             skip = self.starts[lane.lane][1]
@@ -93,17 +113,59 @@ class BatchProducer:
             self._thread.start()
         return passed
 
+    def _trace(self, lane: int) -> list[tuple[int, int]] | None:
+        if self.traces is None:
+            return None
+        return self.traces.setdefault(lane, [])
+
     def next(self) -> Produced | BaseException | object:
-        """The next step's batch and flush points; END once a lane ran dry; an
-        exception raised on the prefetch thread is returned, not raised."""
+        """The next step's batch and flush points; END once a lane ran dry, BOUNDARY at
+        a lane-count change it cannot cross; an exception raised on the prefetch
+        thread is returned, not raised."""
         if self._thread is not None:
             return self._queue.get()
         item = self.produce()
         return END if item is None else item
 
-    def produce(self) -> Produced | None:
-        """Assemble the next step from every lane, in lane order; None at the end."""
-        r, row_len = self.rows_per_lane, self.ctx.row_len
+    def _cross(self) -> bool:
+        """Build the next segment's lanes from the boundary points of these; False
+        at a lane-count change without every lane."""
+        before = self.segment
+        assert before.end_step is not None
+        after = self.schedule.segment_of(before.end_step)
+        if after.lanes != before.lanes and not self.whole:
+            return False
+        points = {lane.lane: lane.boundary_point() for lane in self.lanes}
+        starts, deals = enter_segment(self.ctx, points, before, after)
+        known = {k: ids for lane in self.lanes for k, ids in lane.held_docs().items()}
+        scheduler = self.ctx.scheduler
+        # The same lanes keep their feeds and what those hold; new lanes start over.
+        same = {lane.lane: lane for lane in self.lanes} if after.lanes == before.lanes else {}
+        if same:
+            scheduler.set_steps(SegmentSteps(after))
+        else:
+            scheduler.reset(SegmentSteps(after), keep_stats=True)
+        scheduler.set_floor(self.produced_step)
+        self.ctx.set_deals(deals)
+        self.segment = after
+        self.lanes = [
+            LaneStream(self.ctx, after, lane, p, self._trace(lane), same.get(lane), known)
+            for lane, p in sorted(starts.items())
+        ]
+        self._warm = False
+        self._entered = (starts, deals)
+        return True
+
+    def produce(self) -> Produced | object | None:
+        """Assemble the next step from every lane, in lane order; None at the end,
+        BOUNDARY at a lane-count change it cannot cross."""
+        seg = self.segment
+        if seg.end_step is not None and self.produced_step >= seg.end_step:
+            if not self._cross():
+                return BOUNDARY
+            seg = self.segment
+        phase = seg.phase_of(self.produced_step)
+        r, row_len = phase.rows_per_lane, seg.row_len
         n = len(self.lanes) * r
         scheduler = self.ctx.scheduler
         scheduler.set_floor(self.produced_step)
@@ -123,22 +185,26 @@ class BatchProducer:
                 src_docs += lane.last_sources[1]
             digests.append(rows_digest(tokens[i * r : (i + 1) * r], positions[i * r : (i + 1) * r]))
             flushes[lane.lane] = lane.take_flushes()
-        if self.first_batch is None:
-            # Work done before the first batch was assembled (replay included).
+        if not self._warm:  # the first batch since the start or a boundary
+            self._warm = True
             stats = scheduler.set_warm()
-            self.first_batch = {
-                "docs_tokenized": stats["docs_tokenized"],
-                "tokens_tokenized": stats["tokens_tokenized"],
-                "docs_pretokenized": stats["docs_pretokenized"],
-                "tokens_pretokenized": stats["tokens_pretokenized"],
-                "docs_read": stats["docs_read"],
-                "row_tokens": int((positions >= 0).sum()),
-            }
+            if self.first_batch is None:
+                # Work done before the first batch was assembled (replay included).
+                self.first_batch = {
+                    "docs_tokenized": stats["docs_tokenized"],
+                    "tokens_tokenized": stats["tokens_tokenized"],
+                    "docs_pretokenized": stats["docs_pretokenized"],
+                    "tokens_pretokenized": stats["tokens_pretokenized"],
+                    "docs_read": stats["docs_read"],
+                    "row_tokens": int((positions >= 0).sum()),
+                }
         batch = rows_to_batch(self.produced_step, tokens, positions, digests)
         batch.source_tokens, batch.source_docs = src_tokens, src_docs
         batch.source_names = self.source_names
+        batch.phase = phase.name
         self.produced_step += 1
-        return batch, flushes
+        entered, self._entered = self._entered, None
+        return batch, flushes, entered
 
     def _put(self, item: Any) -> bool:
         while not self._stop.is_set():
@@ -153,7 +219,7 @@ class BatchProducer:
         try:
             while not self._stop.is_set():
                 item = self.produce()
-                if not self._put(END if item is None else item) or item is None:
+                if not self._put(END if item is None else item) or item in (None, BOUNDARY):
                     return
         except BaseException as exc:  # handed to the trainer's thread, raised there
             self._put(exc)

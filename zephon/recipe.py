@@ -15,7 +15,7 @@ import math
 import os
 import tomllib
 import warnings
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +223,23 @@ class TokenizerSpec:
 
 
 @dataclass(frozen=True)
+class PhaseSpec:
+    """One `[[phase]]` table as written. None means "as the phase before"; for
+    the first phase: the `[[source]]` weights, `[recipe] lanes`, and the job's
+    seq_len and global batch size (zephon/phases.py resolves the schedule).
+
+    weights: (source name, weight) pairs; a declared source left out is paused.
+    """
+
+    name: str
+    start_step: int
+    weights: tuple[tuple[str, float], ...] | None = None
+    global_batch_size: int | None = None
+    seq_len: int | None = None
+    lanes: int | None = None
+
+
+@dataclass(frozen=True)
 class Recipe:
     path: str
     name: str
@@ -238,23 +255,34 @@ class Recipe:
     bad_records: str = "error"
     """What an unreadable record does: stop the run, or become an empty document.
     A policy, not data identity: kept out of the digest so it may change on resume."""
+    phases: tuple[PhaseSpec, ...] = ()
+    """The `[[phase]]` tables in step order; empty: the recipe is one phase."""
 
-    def data_identity(self) -> dict[str, Any]:
+    def data_identity(
+        self, lanes: int | None = None, weights: dict[str, float] | None = None
+    ) -> dict[str, Any]:
         """Everything in the recipe that decides the data (execution knobs excluded),
         by the field rule of `identity_of`.
 
         Paths are recorded relative to the recipe folder so that moving the
-        recipe together with its data keeps the identity.
+        recipe together with its data keeps the identity. `lanes` and `weights`
+        give one phase's identity (zephon/phases.py): only its active sources,
+        with its weights, so a first phase equal to a recipe without phases has
+        that recipe's identity.
         """
         base = os.path.dirname(self.path)
         sources = []
         for s in self.sources:
+            if weights is not None:
+                if not weights.get(s.name):
+                    continue  # paused in this phase: not part of its data
+                s = replace(s, weight=weights[s.name])
             d = identity_of(s)
             d["paths"] = [p if _is_url(p) else os.path.relpath(p, base) for p in s.paths]
             sources.append(d)
         identity = {
             "seed": self.seed,
-            "lanes": self.lanes,
+            "lanes": self.lanes if lanes is None else lanes,
             "mixture": identity_of(self.mixture),
             "shuffle": identity_of(self.shuffle),
             "packing": identity_of(self.packing),
@@ -267,7 +295,12 @@ class Recipe:
         return identity
 
     def digest(self) -> str:
-        blob = json.dumps(self.data_identity(), sort_keys=True).encode()
+        """The recipe's identity; with phases, their tables too (each phase's own
+        identity, which a checkpoint records, is zephon/phases.py's)."""
+        identity = self.data_identity()
+        if self.phases:  # absent without phases: old digests stay valid
+            identity["phases"] = [asdict(p) for p in self.phases]
+        blob = json.dumps(identity, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
 
@@ -530,11 +563,83 @@ def _parse_image(file: str, raw: Any) -> ImageSpec:
         raise RecipeError(f"{file}: image.{exc}") from None
 
 
+def _optional_positive(t: _Table, key: str) -> int | None:
+    value = t.get(key, int, None)
+    if value is not None and value < 1:
+        raise t._err(key, f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _parse_weights(t: _Table, names: list[str]) -> tuple[tuple[str, float], ...] | None:
+    raw = t.get("weights", dict, None)
+    if raw is None:
+        return None
+    out = []
+    for key, value in raw.items():
+        if key not in names:
+            raise t._err("weights", f"unknown source {key!r}; declared sources: {', '.join(names)}")
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if not ok or not math.isfinite(value) or value < 0:
+            raise t._err("weights", f"{key}: expected a number >= 0, got {value!r}")
+        out.append((key, float(value)))
+    if not any(w > 0 for _, w in out):
+        raise t._err("weights", "no source has a positive weight; at least one must")
+    # Declaration order, so that equal tables give equal phases.
+    return tuple(sorted(out, key=lambda kv: names.index(kv[0])))
+
+
+def _parse_phases(
+    file: str, raw: list[Any], names: list[str], lanes: int, lanes_set: bool
+) -> tuple[tuple[PhaseSpec, ...], int]:
+    """The [[phase]] tables, checked; and the lane count of the first phase."""
+    phases: list[PhaseSpec] = []
+    for i, item in enumerate(raw):
+        t = _Table(file, f"phase[{i}]", item)
+        name = t.get("name", str)
+        if not name:
+            raise RecipeError(f"{file}: phase[{i}].name: must not be empty")
+        t.where = f"phase '{name}'"
+        start = t.get("start_step", int)
+        if start < 0:
+            raise t._err("start_step", f"expected an integer >= 0, got {start}")
+        if phases and start <= phases[-1].start_step:
+            raise t._err(
+                "start_step",
+                f"{start} is not after phase '{phases[-1].name}' (start_step "
+                f"{phases[-1].start_step}); list phases in step order",
+            )
+        if not phases and start != 0:
+            raise t._err("start_step", f"the first phase must start at step 0, got {start}")
+        phases.append(
+            PhaseSpec(
+                name=name,
+                start_step=start,
+                weights=_parse_weights(t, names),
+                global_batch_size=_optional_positive(t, "global_batch_size"),
+                seq_len=_optional_positive(t, "seq_len"),
+                lanes=_optional_positive(t, "lanes"),
+            )
+        )
+        t.finish()
+    seen = [p.name for p in phases]
+    dupes = sorted({n for n in seen if seen.count(n) > 1})
+    if dupes:
+        raise RecipeError(f"{file}: duplicate phase name(s): {', '.join(dupes)}")
+    first = phases[0].lanes if phases else None
+    if first is not None and lanes_set and first != lanes:
+        raise RecipeError(
+            f"{file}: phase '{phases[0].name}'.lanes = {first} disagrees with [recipe] "
+            f"lanes = {lanes}; set the first phase's lane count in one place"
+        )
+    return tuple(phases), first or lanes
+
+
 def parse_recipe(data: dict[str, Any], file: str) -> Recipe:
     top = _Table(file, "recipe file", data)
     head = _Table(file, "recipe", top.get("recipe", dict, {}))
     name = head.get("name", str, Path(file).stem)
     seed = head.get("seed", int, 0)
+    lanes_set = "lanes" in head.data
     lanes = head.positive_int("lanes", 8)
     bad_records = head.choice("bad_records", BAD_RECORDS, "error")
     head.finish()
@@ -604,6 +709,7 @@ def parse_recipe(data: dict[str, Any], file: str) -> Recipe:
             f"{file}: duplicate source name(s): {', '.join(dupes)}; "
             "every [[source]] needs a unique name"
         )
+    phases, lanes = _parse_phases(file, top.get("phase", list, []), names, lanes, lanes_set)
     top.finish()
     return Recipe(
         path=os.path.abspath(file),
@@ -618,6 +724,7 @@ def parse_recipe(data: dict[str, Any], file: str) -> Recipe:
         tokenizer=tokenizer,
         image=image,
         bad_records=bad_records,
+        phases=phases,
     )
 
 

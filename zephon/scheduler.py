@@ -119,10 +119,14 @@ class DemandScheduler:
         with self.cond:
             return self.planner.add_feed(ld, source, start)
 
-    def reset(self) -> None:
-        """Forget every lane (a restore builds new ones); work in flight is dropped."""
+    def reset(self, steps: StepMap | None = None, keep_stats: bool = False) -> None:
+        """Forget every lane (a restore or a phase boundary builds new ones); work in
+        flight is dropped. `steps`: the step map of the lanes to come, if it changes;
+        keep_stats: go on counting (a boundary), instead of from zero (a restore)."""
         with self.cond:
-            self.planner.reset()
+            self.planner.reset(keep_stats)
+            if steps is not None:
+                self.planner.steps = steps
             self.calls.clear()  # planned for the old lanes and not started
             self._notify_everyone()
 
@@ -138,6 +142,36 @@ class DemandScheduler:
             self.planner.warm = True
             self._notify_everyone()
             return self.planner.stats_dict()
+
+    def rebase(
+        self, ld: LaneDemand, mix_counts: Sequence[int], offset: int, weights: Sequence[float]
+    ) -> None:
+        """A lane enters a new segment with the same lane count: its feeds, and the
+        documents they hold, go on serving it."""
+        with self.cond:
+            ld.rebase(mix_counts, offset, weights)
+            self._notify_everyone()
+
+    def give_back(self, feed: Feed, ids: np.ndarray, doc_id: int) -> None:
+        with self.cond:
+            self.planner.give_back(feed, ids, doc_id)
+
+    def set_steps(self, steps: StepMap) -> None:
+        """The step map of a new segment (every lane of the loader enters it)."""
+        with self.cond:
+            self.planner.steps = steps
+            self._notify_everyone()
+
+    def count_fetched(self, tokens: int, pretokenized: bool) -> None:
+        """A lane read and tokenized one document itself (a carried tail): count it."""
+        with self.cond:
+            stats = self.planner.stats
+            if pretokenized:
+                stats.docs_pretokenized += 1
+                stats.tokens_pretokenized += tokens
+            else:
+                stats.docs_tokenized += 1
+                stats.tokens_tokenized += tokens
 
     def _notify_everyone(self) -> None:
         self.cond.notify_all()

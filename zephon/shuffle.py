@@ -72,6 +72,8 @@ class SourcePlan:
             self.block_size = min(block_size, num_docs // lanes)
             self.num_blocks = -(-num_docs // self.block_size)
         self._lane_blocks = lru_cache(maxsize=256)(self._compute_lane_blocks)
+        # One epoch's block order serves every lane (a lane-count change reads them all).
+        self._epoch_order = lru_cache(maxsize=4)(self._compute_epoch_order)
 
     def block_range(self, block: int) -> tuple[int, int]:
         if self.per_lane_walk:
@@ -91,14 +93,15 @@ class SourcePlan:
     def _compute_lane_blocks(self, epoch: int, lane: int) -> tuple[np.ndarray, np.ndarray]:
         if self.per_lane_walk:
             return np.array([lane], dtype=np.int64), np.array([0, self.num_docs], dtype=np.int64)
-        if self.shuffle:
-            order = keyed_permutation(self.num_blocks, self.seed, self.name, epoch, "blocks")
-        else:
-            order = np.arange(self.num_blocks, dtype=np.int64)
-        blocks = order[lane :: self.lanes]
+        blocks = self._epoch_order(epoch)[lane :: self.lanes]
         last = self.num_docs - (self.num_blocks - 1) * self.block_size
         sizes = np.where(blocks == self.num_blocks - 1, last, self.block_size)
         return blocks, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+    def _compute_epoch_order(self, epoch: int) -> np.ndarray:
+        if self.shuffle:
+            return keyed_permutation(self.num_blocks, self.seed, self.name, epoch, "blocks")
+        return np.arange(self.num_blocks, dtype=np.int64)
 
     def lane_blocks(self, epoch: int, lane: int) -> tuple[np.ndarray, np.ndarray]:
         """(block ids in visiting order, cumulative document counts) of a lane."""

@@ -2,7 +2,15 @@
 
 Per lane it holds the lane's latest flush point consumed by the trainer and
 the rows consumed since then; its size is O(lanes x sources). A fingerprint of
-everything that must not change across a resume is checked field by field.
+everything that must not change across a resume is checked field by field;
+for a recipe with phases it holds one entry per phase that had produced a
+batch, and only those are checked: later phases may be added, edited or
+removed (docs/design.md, "Phases").
+
+Version 2 (phases) keys the mixer counts by source name, may carry the
+documents a phase boundary cut (`carry`), the lane-count changes still in use
+(`deals`), the step where the lanes' segment started and their count.
+Version 1 documents are read by `upgrade`.
 """
 
 from __future__ import annotations
@@ -14,7 +22,8 @@ from typing import Any
 from zephon.errors import StateError
 
 STATE_FORMAT = "zephon.loader_state"
-STATE_VERSION = 1
+STATE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 # Checked in this order so the error names the most specific change first.
 FINGERPRINT_FIELDS = (
@@ -28,51 +37,186 @@ FINGERPRINT_FIELDS = (
     "remote",  # ETag (or size and mtime) of each remote file; absent for local data
     "recipe",
 )
+# A phase's entry (recipes with [[phase]] tables), checked in this order; its
+# recipe digest covers the rest and is named only when nothing above changed.
+PHASE_FIELDS = (
+    "name",
+    "start_step",
+    "seq_len",
+    "global_batch_size",
+    "lanes",
+    "weights",
+    "sources",
+    "recipe",
+)
+GLOBAL_FIELDS = ("seed", "tokenizer", "tokenizer_choices", "remote")
 
 
 def make_fingerprint(
-    recipe: Any, readers: Sequence[Any], tok: Any, seq_len: int, global_batch_size: int
+    recipe: Any, readers: Sequence[Any], tok: Any, schedule: Any
 ) -> dict[str, Any]:
-    """Everything that defines a run's data, for the state (see FINGERPRINT_FIELDS)."""
-    fingerprint = {
-        "recipe": recipe.digest(),
-        "sources": {s.name: r.num_docs for s, r in zip(recipe.sources, readers, strict=True)},
+    """Everything that defines a run's data, for the state (see FINGERPRINT_FIELDS).
+
+    A recipe without phases gets exactly the fields it always had; one with
+    phases gets an entry per phase (`phases`) instead of the recipe digest,
+    sources, seq_len, global batch size and lanes."""
+    counts = {s.name: r.num_docs for s, r in zip(recipe.sources, readers, strict=True)}
+    fingerprint: dict[str, Any] = {
         "tokenizer": tok.fingerprint,
         # Only when a special token differs from the bare tokenizer.json's (docs/design.md §11).
         **({"tokenizer_choices": tok.choices} if tok.choices else {}),
-        "seq_len": seq_len,
-        "global_batch_size": global_batch_size,
-        "lanes": recipe.lanes,
         "seed": recipe.seed,
     }
+    if schedule.named:
+        fingerprint["phases"] = [
+            {
+                "name": p.name,
+                "start_step": p.start_step,
+                "seq_len": p.seq_len,
+                "global_batch_size": p.global_batch_size,
+                "lanes": p.lanes,
+                "weights": p.weights_by_name,
+                "sources": {n: counts[n] for n in p.weights_by_name},
+                "recipe": p.identity(recipe),
+            }
+            for p in schedule.phases
+        ]
+    else:
+        (only,) = schedule.phases
+        fingerprint.update(
+            recipe=recipe.digest(),
+            sources=counts,
+            seq_len=only.seq_len,
+            global_batch_size=only.global_batch_size,
+            lanes=recipe.lanes,
+        )
     remote = {u: v for r in readers for u, v in r.remote_versions().items()}
     if remote:  # only for remote sources, so local fingerprints stay as they were
         fingerprint["remote"] = remote
     return fingerprint
 
 
+def fingerprint_at(fingerprint: dict[str, Any], steps_done: int) -> dict[str, Any]:
+    """The fingerprint a state written after `steps_done` steps records: only the
+    phases that had produced a batch by then."""
+    if "phases" not in fingerprint:
+        return fingerprint
+    started = [p for p in fingerprint["phases"] if p["start_step"] < steps_done]
+    return {**fingerprint, "phases": started}
+
+
+def rank_state(
+    fingerprint: dict[str, Any],
+    schedule: Any,
+    step: int,
+    rank: int,
+    segment: Any,
+    lanes: dict[str, Any],
+) -> dict[str, Any]:
+    """A rank's state document after `step` steps: its lanes' entries in `segment`."""
+    state: dict[str, Any] = {
+        "format": STATE_FORMAT,
+        "version": STATE_VERSION,
+        "fingerprint": fingerprint_at(fingerprint, step),
+        "step": step,
+        "rows_per_lane_per_step": schedule.phase_at(step).rows_per_lane,
+        "rank": rank,
+        "segment_start": segment.start_step,
+        "num_lanes": segment.lanes,
+        "lanes": lanes,
+    }
+    if schedule.named:
+        state["phase"] = schedule.phase_at(step).name
+        starting = [p.name for p in schedule.phases if p.start_step == step and step > 0]
+        if starting:
+            state["boundary_of"] = starting[0]
+    return state
+
+
+def phases_of(fingerprint: dict[str, Any]) -> list[dict[str, Any]]:
+    """A fingerprint's phase entries; a recipe without phases is one phase from step 0."""
+    if "phases" in fingerprint:
+        return list(fingerprint["phases"])
+    keys = ("seq_len", "global_batch_size", "lanes", "sources", "recipe")
+    return [{"name": None, "start_step": 0, **{k: fingerprint.get(k) for k in keys}}]
+
+
+def started_phases(state: dict[str, Any]) -> list[tuple[str | None, int]]:
+    """(name, start_step) of each phase that had produced a batch when the state was
+    written (name None: a recipe without phases)."""
+    if int(state["step"]) == 0:
+        return []
+    return [(p["name"], int(p["start_step"])) for p in phases_of(state["fingerprint"])]
+
+
+def boundary_of(state: dict[str, Any]) -> str | None:
+    """The phase whose boundary checkpoint this state is (written exactly at its
+    start_step), or None."""
+    return state.get("boundary_of")
+
+
+def upgrade(state: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """A version 1 state as version 2: mixer counts by source name (`names`: the
+    recipe's sources the version 1 run mixed, in its order)."""
+    if state.get("version") != 1:
+        return state
+    lanes = {}
+    for k, entry in state["lanes"].items():
+        flush = dict(entry["flush"])
+        mix = flush["mix"]
+        if len(mix) != len(names):
+            raise StateError(
+                f"loader state: lane {k} has {len(mix)} mixer counts, the recipe's first "
+                f"phase mixes {len(names)} sources ({', '.join(names)})"
+            )
+        flush["mix"] = dict(zip(names, mix, strict=True))
+        lanes[k] = {**entry, "flush": flush}
+    out = {**state, "version": STATE_VERSION, "lanes": lanes}
+    out.setdefault("segment_start", 0)
+    out.setdefault("num_lanes", state["fingerprint"]["lanes"])
+    return out
+
+
 def check_header(state: Any, origin: str = "loader state") -> None:
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise StateError(f"{origin}: not a Zephon loader state (expected format {STATE_FORMAT!r})")
-    if state.get("version") != STATE_VERSION:
+    if state.get("version") not in READABLE_VERSIONS:
         raise StateError(
-            f"{origin}: state version {state.get('version')!r}; this Zephon reads version "
-            f"{STATE_VERSION}"
+            f"{origin}: state version {state.get('version')!r}; this Zephon reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}"
         )
     for key in ("fingerprint", "step", "lanes"):
         if key not in state:
             raise StateError(f"{origin}: missing field {key!r}")
 
 
-def check_fingerprint(saved: dict[str, Any], current: dict[str, Any]) -> None:
-    """Refuse a resume whose data-defining settings changed, naming each field."""
+def _shown(field: str, value: Any) -> Any:
+    if field in ("recipe", "tokenizer") and value is not None:
+        return str(value)[:12] + "…"
+    return value
+
+
+def check_fingerprint(
+    saved: dict[str, Any], current: dict[str, Any], step: int | None = None
+) -> None:
+    """Refuse a resume whose data-defining settings changed, naming each field.
+
+    With phases, `saved` holds the phases that had produced a batch by the
+    checkpoint's `step`: exactly those must be this run's phases starting before
+    `step`, unchanged (naming the phase and the field); later ones are free."""
     changed = []
-    for field in FINGERPRINT_FIELDS:
+    if "phases" not in saved and "phases" not in current:
+        fields: Sequence[str] = FINGERPRINT_FIELDS
+    else:
+        fields = GLOBAL_FIELDS
+    for field in fields:
         old, new = saved.get(field), current.get(field)
         if old != new:
-            if field in ("recipe", "tokenizer"):
-                old, new = str(old)[:12] + "…", str(new)[:12] + "…"
-            changed.append(f"{field}: checkpoint has {old}, this run has {new}")
+            changed.append(
+                f"{field}: checkpoint has {_shown(field, old)}, this run has {_shown(field, new)}"
+            )
+    if fields is GLOBAL_FIELDS:
+        changed += _phase_changes(phases_of(saved), phases_of(current), step)
     if changed:
         raise StateError(
             "cannot resume: settings that define the data changed since the checkpoint "
@@ -80,6 +224,48 @@ def check_fingerprint(saved: dict[str, Any], current: dict[str, Any]) -> None:
             + "\n  ".join(changed)
             + "\nRestore the original values, or start a new run without this checkpoint."
         )
+
+
+def _phase_changes(
+    saved: list[dict[str, Any]], current: list[dict[str, Any]], step: int | None
+) -> list[str]:
+    """Each started phase matched by name (or, renamed, by its start step) with
+    this run's phase, and the fields that differ; phases started in only one."""
+    now = current[: len(saved)] if step is None else [p for p in current if p["start_step"] < step]
+    names = {p["name"] for p in saved}
+    by_name = {p["name"]: p for p in now if p["name"] is not None}
+    spare = [p for p in now if p["name"] not in names]
+    out = []
+    for old in saved:
+        name = old["name"] if old["name"] is not None else "(the recipe's only phase)"
+        new = by_name.get(old["name"])
+        if new is None:  # renamed, or a recipe without phases on one side
+            new = next((p for p in spare if p["start_step"] == old["start_step"]), None)
+            if new is not None:
+                spare.remove(new)
+        if new is None:
+            out.append(
+                f"phase '{name}' (from step {old['start_step']}) had started by the "
+                f"checkpoint's step {step}; this run's recipe does not start it by then"
+            )
+            continue
+        diffs: list[str] = []
+        for field in PHASE_FIELDS:
+            a, b = old.get(field), new.get(field)
+            if (a is None or b is None) and field in ("name", "weights"):
+                continue  # a recipe without phases names none and lists no weights
+            if a != b and (field != "recipe" or not diffs):
+                diffs.append(
+                    f"phase '{name}': {field}: checkpoint has {_shown(field, a)}, "
+                    f"this run has {_shown(field, b)}"
+                )
+        out += diffs
+    for extra in spare:
+        out.append(
+            f"phase '{extra['name']}' starts at step {extra['start_step']}, before the "
+            f"checkpoint's step {step}, but the checkpoint's run had no such phase"
+        )
+    return out
 
 
 def merge_rank_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -94,7 +280,7 @@ def merge_rank_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if s["fingerprint"] != first["fingerprint"] or s["step"] != first["step"]:
             raise StateError("rank states disagree on fingerprint or step; ranks are out of sync")
         lanes.update(s["lanes"])
-    total = first["fingerprint"]["lanes"]
+    total = first.get("num_lanes", first["fingerprint"].get("lanes"))
     if sorted(int(k) for k in lanes) != list(range(total)):
         raise StateError(f"rank states cover lanes {sorted(lanes)}, expected all {total}")
     merged = {k: v for k, v in first.items() if k not in ("lanes", "rank")}

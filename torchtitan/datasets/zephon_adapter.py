@@ -14,7 +14,6 @@ from torchtitan.config.job_config import JobConfig
 from torchtitan.datasets.hf_adapter import HF_STATE_FORMAT
 from zephon import Batch, StateError, ZephonLoader, merge_rank_states
 from zephon.recipe import Recipe
-from zephon.state import check_fingerprint, check_header
 
 
 class ZephonAdapter:
@@ -56,8 +55,7 @@ class ZephonAdapter:
                 "the checkpoint's data state was written by the hf loader; "
                 "resume it with --data.loader hf"
             )
-        check_header(doc)
-        check_fingerprint(doc["fingerprint"], self.loader.fingerprint)
+        self.loader.check_resumable(doc)
 
     def load_state(self, doc: dict[str, Any]) -> None:
         self.loader.load_state_dict(doc)

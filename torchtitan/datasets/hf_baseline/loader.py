@@ -42,6 +42,12 @@ class HFBaselineLoader:
     ) -> None:
         if seq_len < 1:
             raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+        if len(recipe.phases) > 1:
+            raise ZephonError(
+                f"{recipe.path}: the hf baseline loader reads one fixed mixture; this recipe "
+                f"has {len(recipe.phases)} phases ({', '.join(p.name for p in recipe.phases)}); "
+                "use --data.loader zephon"
+            )
         if dp_size < 1:
             raise LayoutError(f"dp_size must be >= 1, got {dp_size}")
         if not 0 <= dp_rank < dp_size:
