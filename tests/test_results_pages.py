@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import bench_boundary
 import bench_grad_memory
 import bench_index
 import bench_scale
@@ -30,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results"
 
 PAGES: dict[str, Callable[[Any], str]] = {
+    "bench_boundary": bench_boundary.markdown,
     "bench_grad_memory": bench_grad_memory.page,
     "bench_index": bench_index.markdown,
     "bench_scale": bench_scale.render,

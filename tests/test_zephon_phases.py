@@ -137,15 +137,23 @@ def test_through_the_lane_change_at_dp3_then_resumed_at_dp8(make_recipe, tokeniz
         loader.load_state_dict(state)
     assert step_digests(eight, STEPS - 7) == reference[7:]
     close(eight)
-    # From step 0, or from before the lane change, 8 ranks do not fit the 12 lanes.
+    # Uneven lanes (docs/design.md §2): 8 ranks run the 12-lane phases too, from
+    # step 0 and from a checkpoint before the lane change, with the same digests.
     fresh = make_ranks(recipe, tokenizer_path, 8)
-    with pytest.raises(LayoutError, match="phase 'warmup' \\(from step 0\\): lane count 12"):
-        fresh[0].next_batch()
+    assert step_digests(fresh, STEPS) == reference
     early = make_ranks(recipe, tokenizer_path, 4)
     step_digests(early, 5)
-    with pytest.raises(LayoutError, match="phase 'long' \\(from step 4\\)"):
-        fresh[0].load_state_dict(save(early))
-    close(fresh + early)
+    resumed = make_ranks(recipe, tokenizer_path, 8)
+    for loader in resumed:
+        loader.load_state_dict(save(early))
+    assert step_digests(resumed, STEPS - 5) == reference[5:]
+    # More ranks than a phase has lanes are refused, naming the phase, before a batch.
+    too_many = make_ranks(recipe, tokenizer_path, 13)
+    with pytest.raises(
+        LayoutError, match="phase 'warmup' \\(from step 0\\): data-parallel size 13"
+    ):
+        too_many[0].next_batch()
+    close(fresh + early + resumed + too_many)
 
 
 def test_a_rank_without_every_lane_waits_for_the_merged_state(make_recipe, tokenizer_path):
@@ -639,10 +647,11 @@ def test_one_source_of_truth_for_the_first_phase_shape(make_recipe, tokenizer_pa
     # Every phase is checked for a data-parallel size and micro-batches in tokens.
     with pytest.raises(LayoutError, match="phase 'long' \\(from step 4\\): micro_batch_tokens 384"):
         schedule.layouts(4, micro_batch_tokens=384)  # 3 rows of 128, but of 256?
-    with pytest.raises(
-        LayoutError, match="phase 'warmup' \\(from step 0\\): the local batch of 3 rows"
-    ):
-        schedule.layouts(4, micro_batch_tokens=256)
+    # 3 rows per rank in micro-batches of 2 rows: one padding row per rank (§2),
+    # reported, and refused above an allowed idle share, naming the phase.
+    assert schedule.layouts(4, micro_batch_tokens=256)["warmup"].padded_rows(0) == 1
+    with pytest.raises(LayoutError, match="phase .warmup. \\(from step 0\\): padded layout"):
+        schedule.layouts(4, micro_batch_tokens=256, max_idle_share=0.2)
     assert set(schedule.layouts(4, micro_batch_tokens=256, from_step=2)) == {
         "ramp",
         "long",
@@ -661,9 +670,10 @@ def test_tools_follow_the_phases(make_recipe, tokenizer_path, tmp_path, capsys):
     ramp = next(line for line in out if line.startswith("phase     ramp"))
     assert "global_batch=24 seq_len=128 lanes=12 (batch size only: lanes go on)" in ramp
     assert sum(line.startswith("  dp=") for line in out) == 12 and out[-1] == "ok"
-    assert main(["validate", str(recipe), *tok, "--dp", "8"]) == 2
+    # 8 ranks fit the 12-lane phases with padding (a quarter idle), refused above 10%.
+    assert main(["validate", str(recipe), *tok, "--dp", "8", "--max-idle-share", "0.1"]) == 2
     err = capsys.readouterr()
-    assert err.out.count("dp=8: error: lane count 12") == 3  # warmup, ramp, long
+    assert err.out.count("dp=8: error: padded layout") == 3  # warmup, ramp, long
     assert "3 phase and data-parallel size combination(s) do not fit" in err.err
     # hash: across the four phases at 2 ranks (merged state at the lane change).
     expected = run(recipe, tokenizer_path, 1, STEPS)

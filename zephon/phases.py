@@ -216,12 +216,14 @@ class Schedule:
         dp_size: int,
         micro_batch: MicroBatch = None,
         micro_batch_tokens: int | None = None,
+        max_idle_share: float = 1.0,
     ) -> Layout:
         """The layout of phase `p` over `dp_size` ranks, or a LayoutError naming it.
 
         micro_batch: rows per micro-batch, or a function of the phase giving them
         (None: one micro-batch per step); micro_batch_tokens: tokens per
-        micro-batch instead, a multiple of the phase's seq_len."""
+        micro-batch instead, a multiple of the phase's seq_len; max_idle_share:
+        refuse a layout with more padding (docs/design.md §2)."""
         micro = micro_batch(p) if callable(micro_batch) else micro_batch
         try:
             if micro_batch_tokens is not None:
@@ -231,7 +233,7 @@ class Schedule:
                         f"rows of seq_len {p.seq_len}"
                     )
                 micro = micro_batch_tokens // p.seq_len
-            return plan_layout(p.lanes, dp_size, p.global_batch_size, micro)
+            return plan_layout(p.lanes, dp_size, p.global_batch_size, micro, max_idle_share)
         except LayoutError as exc:
             if p.name is None:
                 raise
@@ -243,11 +245,12 @@ class Schedule:
         micro_batch: MicroBatch = None,
         from_step: int = 0,
         micro_batch_tokens: int | None = None,
+        max_idle_share: float = 1.0,
     ) -> dict[str | None, Layout]:
         """Every phase not finished after `from_step` steps, checked for `dp_size`
         ranks (`layout_of`): its layout by phase name."""
         return {
-            p.name: self.layout_of(p, dp_size, micro_batch, micro_batch_tokens)
+            p.name: self.layout_of(p, dp_size, micro_batch, micro_batch_tokens, max_idle_share)
             for p in self.unfinished(from_step)
         }
 
