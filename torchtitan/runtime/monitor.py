@@ -84,7 +84,7 @@ class RankMonitor:
         self._beats = 0
         self._watched = (rank + 1) % world_size if world_size > 1 else None
         self._seen: tuple[str, float] | None = None
-        self._store_errors = 0
+        self._store_ok = time.monotonic()  # the last time the store answered
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="torchtitan-monitor", daemon=True)
 
@@ -190,10 +190,10 @@ class RankMonitor:
                     self._exit_for(rec)
                 if self.timeout_s > 0 and self._watched is not None:
                     self._watch()
-                self._store_errors = 0
+                self._store_ok = time.monotonic()
             except Exception as exc:
-                self._store_errors += 1
-                if self._store_errors * self.interval >= 10 and not self._done.is_set():
+                # Wall time, not a count of errors: a store that hangs fails slowly.
+                if time.monotonic() - self._store_ok >= 10 and not self._done.is_set():
                     self._orphan(f"the rendezvous store stopped answering ({exc})")
 
     def _orphan(self, why: str) -> None:
