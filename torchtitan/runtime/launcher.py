@@ -106,11 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     # A fresh store per rendezvous round (the agent's shared store keeps the keys
     # and the address of an earlier round across a restart).
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    # torchrun's own report of a failed worker repeats what report_failures says.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
     args.signals_to_handle = "SIGHUP,SIGQUIT"  # the stop signals are ours
     agent.install(folder)
+    # torchrun's own reports repeat what report_failures and agent.say print; its
+    # modules set their loggers' levels themselves, so each is quietened.
+    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     signals = preemption.LauncherSignals(folder, agent.workers_running)
     signals.install()
     try:
