@@ -24,6 +24,8 @@ fault, and checks the job without a person:
 - divergence: `--optimizer.lr 30`, `--checkpoint.keep_latest_k 1`: the loss
   diverges; the job stops with exit 2 and one message naming the newest
   finite checkpoint, which pruning kept.
+- input_error: agents of 1 + 1 with a recipe that does not exist: both exit 2
+  with the message, and neither restarts (an input error is not retried).
 
 Process counts divide the sample recipe's 8 lanes (until uneven lanes land).
 For each scenario: whether every step's global-batch digest equals the data's
@@ -81,6 +83,7 @@ SCENARIOS = (
     "ctrl_c",
     "ctrl_c_twice",
     "divergence",
+    "input_error",
 )
 
 
@@ -322,6 +325,18 @@ def divergence(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]
             "traceback": "Traceback" in text}  # fmt: skip
 
 
+def input_error(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]:
+    run = Run(out / "input_error", {"data.recipe": out / "no-such-recipe.toml"})
+    run.agent(1)
+    run.agent(1)
+    result = run.finish(timeout)
+    outs = [job.output() for job in run.agents]
+    return {**result, "not_retried": all("not restarting after an input error" in o for o in outs),
+            "failure_restarts": sum(o.count("restarting the workers: rank") for o in outs),
+            "error_lines": [sum(ln.startswith("error") for ln in o.splitlines()) for o in outs],
+            "traceback": any("Traceback" in o for o in outs)}  # fmt: skip
+
+
 def run_scenario(name: str, out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]:
     if name == "ctrl_c_twice":
         return ctrl_c(out, ref, timeout, twice=True)
@@ -343,6 +358,10 @@ def verdict(name: str, r: dict[str, Any]) -> str:
     if name == "ctrl_c_twice":
         if r["exit"] != [3] or not r["stopped_at_once"] or r["traceback"]:
             bad.append("not stopped at once")
+        return "; ".join(bad) or "ok"
+    if name == "input_error":
+        if r["exit"] != [2, 2] or not r["not_retried"] or r["failure_restarts"] or r["traceback"]:
+            bad.append("an input error was retried or reported unclearly")
         return "; ".join(bad) or "ok"
     if not r.get("digests_ok"):
         bad.append(f"WRONG DATA: {r.get('digest_problem')}")

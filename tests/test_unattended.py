@@ -103,13 +103,17 @@ def _agree_rank(rank: int, world: int, init_file: str, out: str) -> None:
         quiet = agree(10, False, 2, cpu)
         asked = agree(10, rank == 1, 2, cpu)  # only the peer of TP coordinate 1 is asked
         empty = agree(None if rank == 1 else 10, False, 2, cpu)
-        result = [quiet.__dict__, asked.__dict__, empty.__dict__]
+        # The heartbeat keys' group id is the same on every rank (restart counts are
+        # not, after a membership change).
+        from torchtitan.runtime.monitor import worker_group_id
+
+        result = [quiet.__dict__, asked.__dict__, empty.__dict__, worker_group_id()]
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
 
 
-def test_every_rank_agrees_on_the_stop_step_across_tensor_parallel_peers(tmp_path):
+def test_every_rank_agrees_on_the_stop_step_and_the_group_id(tmp_path):
     world = 2
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_agree_rank, args=(r, world, str(tmp_path / "s"), str(tmp_path)))
@@ -121,11 +125,14 @@ def test_every_rank_agrees_on_the_stop_step_across_tensor_parallel_peers(tmp_pat
         if p.exitcode is None:
             p.kill()
     assert [p.exitcode for p in procs] == [0] * world
+    ids = set()
     for rank in range(world):
-        quiet, asked, empty = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        quiet, asked, empty, group = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert quiet == {"have_all": True, "n_valid": 10, "stop": False}
         assert asked == {"have_all": True, "n_valid": 10, "stop": True}
         assert not empty["have_all"]
+        ids.add(group)
+    assert len(ids) == 1
 
 
 # -- stop requests --------------------------------------------------------------------------

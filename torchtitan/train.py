@@ -270,7 +270,7 @@ class Trainer:
             loss_sum, grad_norm = self.train_step(batch, n_valid)
             if log_now:
                 self._log_step(batch, loss_sum, grad_norm, n_valid, t0, data_wait, digest)
-            if stop and stops is not None:  # every rank agreed: save this step, then exit
+            if stop and stops is not None and self.step < steps:  # agreed: save it, exit
                 set_phase("save", self.step)
                 return stops.finish(self.step, self._save_for_stop())
             if cfg.validation.enable and val_freq > 0 and self.step % val_freq == 0:

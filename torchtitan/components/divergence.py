@@ -48,8 +48,8 @@ def fold_loss_into_grads(loss_sum: torch.Tensor, params: Iterable[torch.nn.Param
         local = _local(p.grad)
         if local.numel() == 0:
             continue
-        first = local.view(-1)[:1]
-        first.copy_(torch.where(torch.isfinite(loss_sum), first, torch.nan))
+        first = (0,) * local.dim()  # an element of the storage, whatever the layout
+        local[first] = torch.where(torch.isfinite(loss_sum), local[first], torch.nan)
         return
 
 

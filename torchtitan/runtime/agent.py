@@ -16,6 +16,22 @@ checkpoint at whatever size the rendezvous gave it. On top of that:
 
 `install` swaps this class in for torchrun's (the launcher runs torchrun in its
 own process).
+
+What this relies on, as torch 2.13's torch/distributed/elastic implements it:
+- the job forms once MIN nodes joined and `last_call_timeout` passed (or MAX
+  joined), within `join_timeout`; a node whose keep-alive stops is dropped after
+  `keep_alive_interval` x `keep_alive_max_attempt`; the agent polls its workers
+  and the waiting nodes every `--monitor-interval`;
+- a restart stops the workers with SIGTERM, then SIGKILL after
+  `--shutdown-timeout`; workers run in their own sessions, so a terminal's
+  Ctrl-C reaches only the launcher; torchrun re-installs its handlers for
+  `--signals-to-handle` at every start (the launcher leaves it the stop
+  signals);
+- workers learn `TORCHELASTIC_RUN_ID`, `TORCHELASTIC_RESTART_COUNT` (counted by
+  each agent, failures only: not the same on every node after a membership
+  change), `GROUP_WORLD_SIZE` (nodes) and `GROUP_RANK`;
+- the rendezvous store is a TCPStore in the agent on the endpoint's host: if
+  that agent dies, the others' rendezvous fails and the job ends.
 """
 
 from __future__ import annotations
