@@ -82,6 +82,24 @@ def read_validation(dump: Path) -> dict[int, float]:
     return {int(r["step"]): float(r["val_loss"]) for r in _read_jsonl(dump / "validation.jsonl")}
 
 
+def data_digests(
+    steps: int,
+    seq_len: int,
+    global_batch: int,
+    recipe: Path = REPO / "train_configs" / "data" / "sample_mix.toml",
+    tokenizer: Path = REPO / "assets" / "tokenizer" / "tokenizer.json",
+) -> dict[int, str]:
+    """step -> the digest of its global batch, from the data alone (one rank reading
+    every lane): what every run of that recipe logs, whatever its process count."""
+    from zephon import ZephonLoader, global_batch_digest
+
+    loader = ZephonLoader(recipe, tokenizer, seq_len, global_batch, num_workers=0, prefetch=0)
+    try:
+        return {s: global_batch_digest(loader.next_batch().digests) for s in range(1, steps + 1)}
+    finally:
+        loader.close()
+
+
 def copy_checkpoint(src_dump: Path, step: int, dst_dump: Path) -> None:
     """Seed a new run folder with one step of another run's checkpoints."""
     name = Path("checkpoint") / f"step-{step}"

@@ -25,6 +25,7 @@ from torchtitan.components.checkpoint.manager import (
     read_loader_state,
     resume_step,
 )
+from torchtitan.components.divergence import DivergenceGuard, clip_grads, fold_loss_into_grads
 from torchtitan.components.flops import model_flops_utilisation
 from torchtitan.components.initial_load import initial_model_args, load_initial
 from torchtitan.components.loss import cross_entropy_sum
@@ -44,7 +45,8 @@ from torchtitan.distributed.mesh import ParallelDims, ParallelMesh
 from torchtitan.distributed.utils import DistInfo, exit_process, init_distributed
 from torchtitan.models import get_model_spec
 from torchtitan.models.spec import count_parameters
-from torchtitan.runtime.guard import JobGuard, fail_before_start, set_phase
+from torchtitan.runtime.agreement import StepAgreement, agree
+from torchtitan.runtime.guard import JobGuard, fail_before_start, set_phase, stop_requests
 from zephon import load_tokenizer
 
 logger = logging.getLogger("torchtitan")
@@ -68,7 +70,7 @@ class Trainer:
     def __init__(self, cfg: JobConfig, dist_info: DistInfo):
         self.cfg, self.info = cfg, dist_info
         t = cfg.training
-        dims = ParallelDims.from_config(cfg.parallelism, dist_info.world_size)
+        dims = ParallelDims.from_config(cfg.parallelism, dist_info.world_size, dist_info.nodes)
         self.dp, self.rank, self.device = dims.dp, dist_info.rank, dist_info.device
         if t.deterministic:
             if self.device.type == "cuda":
@@ -101,6 +103,7 @@ class Trainer:
         self.ckpt = CheckpointManager(
             cfg.checkpoint, cfg.job.dump_folder, self.model, self.optimizer, self.lr_scheduler
         )
+        self.divergence = DivergenceGuard(t.max_nonfinite_steps, log=self.rank == 0)
         self.step = 0
         if self.resume_from is not None and resume_doc is not None:
             self.step = self.ckpt.load(self.resume_from)
@@ -180,27 +183,27 @@ class Trainer:
         return loss_total
 
     def train_step(self, batch: Any, n_valid: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step; returns (this rank's loss sum, gradient norm) as
-        tensors, reduced and read only when logged (`_global_loss`)."""
+        """One optimizer step; returns (this rank's loss sum, gradient norm). The
+        loss is reduced only when logged (`_global_loss`); the norm, reduced over the
+        whole mesh, decides whether the update is applied (divergence.py)."""
         loss_sum = self._forward_backward(batch, n_valid)
+        params = list(self.model.parameters())
+        fold_loss_into_grads(loss_sum, params)
         # Every gradient is a DTensor on the same mesh (FSDP x TP), so the norm
         # is taken across both.
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.cfg.training.max_norm, foreach=True
-        )
-        self.optimizer.step()
-        self.lr_scheduler.step()
+        grad_norm = clip_grads(params, self.cfg.training.max_norm)
+        if self.divergence.update_ok(self.step, float(grad_norm.item())):
+            self.optimizer.step()
+        self.lr_scheduler.step()  # a skipped step is still a step of the schedule
         self.optimizer.zero_grad(set_to_none=True)
+        if self.divergence.should_stop():
+            raise self.divergence.stop_error(self.step, self.ckpt.newest_finite())
         return loss_sum, grad_norm
 
-    def _batch_counts(self, batch: Any) -> tuple[bool, int]:
-        """Collective, one all-reduce over the data-parallel group: whether every
-        rank has a batch, and the global batch's valid (non-ignored) tokens."""
-        local = [1.0, float(batch.num_valid_tokens())] if batch is not None else [0.0, 0.0]
-        counts = torch.tensor(local, dtype=torch.float64, device=self.device)
-        dist.all_reduce(counts, group=self.mesh.dp_group)
-        have, n_valid = counts.tolist()
-        return int(have) == self.dp, int(n_valid)
+    def _batch_counts(self, batch: Any, stop: bool = False) -> StepAgreement:
+        """Collective, the one all-reduce of every step (see runtime/agreement.py)."""
+        n_valid = batch.num_valid_tokens() if batch is not None else None
+        return agree(n_valid, stop, self.mesh.dims.tp, self.device)
 
     def _global_loss(self, loss_sum: torch.Tensor, n_valid: int) -> float:
         """Collective: the global batch's mean token loss (called at log steps only)."""
@@ -217,7 +220,7 @@ class Trainer:
         try:
             while cfg.validation.steps < 0 or n < cfg.validation.steps:
                 batch = val.next_batch()
-                if not self._batch_counts(batch)[0]:
+                if not self._batch_counts(batch).have_all:
                     break
                 for mb in batch.micro_batches(cfg.training.local_batch_size):
                     logits = self.model(**self.spec.inputs(mb, self.device))
@@ -243,14 +246,16 @@ class Trainer:
             if note := self.layout.imbalance():
                 logger.info(f"{note} (refuse above parallelism.max_idle_share)")
         val_freq = cfg.validation.freq
+        stops = stop_requests()
         while self.step < steps:
             t0 = time.perf_counter()
             set_phase("data", self.step + 1)
             batch = self.data.next_batch()
             data_wait = time.perf_counter() - t0
             set_phase("collective", self.step + 1)
-            have, n_valid = self._batch_counts(batch)
-            if not have:
+            agreed = self._batch_counts(batch, stops is not None and stops.requested())
+            n_valid, stop = agreed.n_valid, agreed.stop
+            if not agreed.have_all:
                 logger.info(f"data exhausted after step {self.step}; stopping")
                 break
             self.step += 1
@@ -262,16 +267,30 @@ class Trainer:
             loss_sum, grad_norm = self.train_step(batch, n_valid)
             if log_now:
                 self._log_step(batch, loss_sum, grad_norm, n_valid, t0, data_wait, digest)
+            if stop and stops is not None and self.step < steps:  # agreed: save it, exit
+                set_phase("save", self.step)
+                return stops.finish(self.step, self._save_for_stop())
             if cfg.validation.enable and val_freq > 0 and self.step % val_freq == 0:
                 self._log_validation()
             if self.ckpt.should_save(self.step, steps):
                 set_phase("save", self.step)
-                self.ckpt.save(self.step, self.data.gather_state)
+                self.ckpt.save(self.step, self.data.gather_state, self.divergence.last_finite)
         self.ckpt.wait()  # an asynchronous save still in flight becomes a resume point
         if cfg.validation.enable and (val_freq <= 0 or self.step % val_freq):
             self._log_validation()
         logger.info(f"training done at step {self.step}")
         return 0
+
+    def _save_for_stop(self) -> tuple[str, float] | None:
+        """Collective: save and verify the current step; (folder, seconds) or None."""
+        t0 = time.perf_counter()
+        if not self.cfg.checkpoint.enable:
+            return None
+        finite = self.divergence.last_finite
+        if not self.ckpt.save(self.step, self.data.gather_state, finite, wait=True):
+            return None
+        self.ckpt.verify(self.step)
+        return self.ckpt.step_dir(self.step), time.perf_counter() - t0
 
     def _log_step(
         self,
@@ -312,6 +331,7 @@ class Trainer:
                 source_tokens=sources[0] if sources else None,
                 source_docs=sources[1] if sources else None,
                 bad_records_dropped=dropped,
+                skipped_updates=self.divergence.skipped,
             )
         )
 

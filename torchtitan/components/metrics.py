@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -41,6 +42,8 @@ class StepMetrics:
     """Model FLOPs utilisation (GPU only)."""
     bad_records_dropped: int | None = None
     """Records replaced by empty documents so far (recipe bad_records = "drop")."""
+    skipped_updates: int = 0
+    """Steps of this run whose update was skipped (non-finite loss or gradient norm)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -74,6 +77,8 @@ def format_step(m: StepMetrics) -> str:
         )
     if m.bad_records_dropped:
         parts.append(f"bad records dropped {m.bad_records_dropped}")
+    if m.skipped_updates:
+        parts.append(f"updates skipped {m.skipped_updates}")
     return " | ".join(parts)
 
 
@@ -210,6 +215,7 @@ class MetricsLogger:
                 "step_time_s": m.step_time_s,
                 "data_wait_s": m.data_wait_s,
                 "digest": m.digest,
+                "time": round(time.time(), 3),  # wall clock: when the step was logged
             }
             if m.source_tokens is not None:  # absent for loaders that do not count
                 record["source_tokens"] = m.source_tokens
@@ -220,6 +226,8 @@ class MetricsLogger:
                 record["memory_gib"] = m.memory_gib
             if m.bad_records_dropped is not None:
                 record["bad_records_dropped"] = m.bad_records_dropped
+            if m.skipped_updates:
+                record["skipped_updates"] = m.skipped_updates
             self._jsonl.write(json.dumps(record) + "\n")
             self._jsonl.flush()
         return line

@@ -79,12 +79,17 @@ class Training:
     deterministic: bool = False
     log_init_digest: bool = False
     """Log a SHA-256 of the initial weights (gathers full tensors: small models only)."""
+    max_nonfinite_steps: int = 3
+    """A step whose loss or gradient norm is NaN/inf is not applied (its batch is still
+    consumed); this many such steps in a row stop the job (exit 2) with a message naming
+    the newest finite checkpoint."""
 
 
 @dataclass
 class Parallelism:
     data_parallel_replicate_degree: int = 1
-    """HSDP replicas (outer dimension: typically one per node group)."""
+    """HSDP replicas (outer dimension: typically one per node group); -1 = one per node
+    of the launch (torchrun's node count), so it follows the job across elastic restarts."""
     data_parallel_shard_degree: int = -1
     """FSDP degree within a replica; -1 = the processes left over by the other degrees."""
     tensor_parallel_degree: int = 1
@@ -395,7 +400,13 @@ def _check_ranges(cfg: JobConfig, provenance: dict[tuple[str, str], str]) -> Non
         ("training", "local_batch_size", lambda v: v >= 1, "an integer >= 1"),
         ("training", "steps", lambda v: v >= 0, "an integer >= 0 (0: initialise only)"),
         ("training", "max_norm", lambda v: v > 0, "a number > 0"),
-        ("parallelism", "data_parallel_replicate_degree", lambda v: v >= 1, "an integer >= 1"),
+        ("training", "max_nonfinite_steps", lambda v: v >= 1, "an integer >= 1"),
+        (
+            "parallelism",
+            "data_parallel_replicate_degree",
+            lambda v: v == -1 or v >= 1,
+            "-1 (one replica per node) or an integer >= 1",
+        ),
         ("parallelism", "data_parallel_shard_degree", lambda v: v == -1 or v >= 1, "-1 or >= 1"),
         ("parallelism", "tensor_parallel_degree", lambda v: v >= 1, "an integer >= 1"),
         ("parallelism", "max_idle_share", lambda v: 0 <= v <= 1, "a share in [0, 1]"),

@@ -20,6 +20,8 @@ class DistInfo:
     local_rank: int
     device: torch.device
     backend: str
+    nodes: int = 1
+    """Nodes (torchrun agents) of this launch; an elastic restart may change it."""
 
 
 def _free_port() -> int:
@@ -50,7 +52,8 @@ def init_distributed(timeout_s: int = 600) -> DistInfo:
             timeout=datetime.timedelta(seconds=timeout_s),
             device_id=device if backend == "nccl" else None,
         )
-    return DistInfo(rank, world, local_rank, device, backend)
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+    return DistInfo(rank, world, local_rank, device, backend, nodes)
 
 
 def all_gather_objects(obj: Any) -> list[Any]:
