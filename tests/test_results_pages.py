@@ -20,9 +20,11 @@ import bench_index
 import bench_scale
 import bench_throughput
 import elastic_resume_demo
+import elastic_scenarios
 import fault_injection
 import gpu_count_sensitivity
 import mesh_resume_matrix
+import preempt_save_time
 import pytest
 import two_node_resume
 import uneven_resume
@@ -37,9 +39,11 @@ PAGES: dict[str, Callable[[Any], str]] = {
     "bench_scale": bench_scale.render,
     "bench_throughput": bench_throughput.render,
     "elastic_resume": lambda doc: f"{doc['title']}\n\n{elastic_resume_demo.markdown_table(doc)}\n",
+    "elastic_scenarios": elastic_scenarios.report,
     "fault_injection": fault_injection.report,
     "gpu_count_sensitivity": gpu_count_sensitivity.markdown,
     "mesh_resume_matrix": mesh_resume_matrix.page,
+    "preempt_save_time": preempt_save_time.report,
     "two_node_resume": two_node_resume.page,
     "uneven_resume": uneven_resume.page,
 }
