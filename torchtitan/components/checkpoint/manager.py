@@ -5,6 +5,8 @@ state), `dataloader.json` (the loader state of all ranks as one document) and,
 written last, `COMPLETE.json`. Only folders with that marker are resume
 points, so a save interrupted at any moment is never resumed from. DCP
 reshards model and optimizer when the number of processes or the mesh changes.
+The step after which a data phase starts is saved whatever the interval, and
+`keep_latest_k` neither prunes nor counts it (boundaries.py).
 
 With `checkpoint.async_mode = "async"` the DCP files are written in the
 background: the loader state is captured at the saved step (synchronously),
@@ -19,7 +21,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from typing import Any
 
@@ -30,6 +32,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.stateful import Stateful
 
 from torchtitan.components.checkpoint import manifest
+from torchtitan.components.checkpoint.boundaries import prunable_steps
 from torchtitan.components.checkpoint.manifest import COMPLETE_FILE, LOADER_FILE, CheckpointError
 from torchtitan.config.job_config import Checkpoint as CheckpointConfig
 from torchtitan.distributed.utils import all_gather_objects
@@ -135,8 +138,13 @@ class CheckpointManager:
         model: torch.nn.Module,
         optimizer: Any,
         lr_scheduler: Any,
+        boundaries: Collection[int] = (),
     ):
+        """`boundaries`: steps after which a data phase starts; each is saved
+        whatever the interval, and never pruned."""
         self.cfg = cfg
+        self.boundaries = frozenset(boundaries)
+        self._boundary_dirs: dict[str, bool] = {}
         self.folder = checkpoint_folder(cfg, dump_folder)
         self.state = _TrainState(model, optimizer, lr_scheduler)
         self.rank = dist.get_rank()
@@ -182,7 +190,9 @@ class CheckpointManager:
         return self.state.step
 
     def should_save(self, step: int, last_step: int) -> bool:
-        return self.cfg.enable and (step % self.cfg.interval == 0 or step == last_step)
+        return self.cfg.enable and (
+            step % self.cfg.interval == 0 or step == last_step or step in self.boundaries
+        )
 
     def save(self, step: int, loader_state: Callable[[], dict[str, Any] | None]) -> None:
         """Save `step`. `loader_state` is collective; it returns the document on rank 0."""
@@ -255,7 +265,8 @@ class CheckpointManager:
     def _purge(self) -> None:
         if self.cfg.keep_latest_k <= 0:
             return
-        for old in self.complete_steps()[: -self.cfg.keep_latest_k]:
+        steps = prunable_steps(self.folder, self.complete_steps(), self._boundary_dirs)
+        for old in steps[: -self.cfg.keep_latest_k]:
             # Marker first: a half-deleted folder must not look complete.
             os.remove(os.path.join(self.step_dir(old), COMPLETE_FILE))
             shutil.rmtree(self.step_dir(old), ignore_errors=True)
