@@ -16,7 +16,7 @@ from train_helpers import (
 )
 
 from torchtitan.config.job_config import load_job_config
-from torchtitan.datasets.dataloader import check_phases, check_startup
+from torchtitan.datasets.dataloader import check_data_startup, check_phases, check_startup
 from torchtitan.datasets.schedule import DataSchedule
 from zephon import LayoutError, RecipeError
 
@@ -145,6 +145,19 @@ def test_recipe_and_job_agree_on_the_first_phase_shape(tmp_path):
     assert "training.seq_len from config file 'train_configs/llama3_debugmodel.toml'" in str(
         exc.value
     )
+
+
+def test_hf_baseline_refuses_a_phase_shape_it_would_not_follow(tmp_path):
+    """The hf baseline reads the job's shape: a one-phase recipe that sets another one
+    is refused rather than silently ignored."""
+    ensure_sample_data()
+    one = '[[phase]]\nname = "only"\nstart_step = 0\nseq_len = 32\nweights = { prose = 1.0 }\n'
+    cfg = load_job_config(["--data.recipe", str(phase_recipe(tmp_path, one)),
+                           "--data.loader", "hf"])  # fmt: skip
+    with pytest.raises(LayoutError) as exc:
+        check_data_startup(cfg, 2, 2048, DataSchedule.from_config(cfg))
+    assert "phase 'only' sets seq_len 32 and global batch size 32" in str(exc.value)
+    assert "the job's training.seq_len 256" in str(exc.value)
 
 
 @pytest.mark.slow

@@ -292,6 +292,14 @@ def check_data_startup(
     if cfg.data.loader == "zephon":
         layouts = check_phases(cfg, plan, dp_size, from_step, max_seq_len)
     else:
+        first, t = plan.phases[0], cfg.training
+        if (first.seq_len, first.global_batch_size) != (t.seq_len, t.global_batch_size):
+            raise LayoutError(
+                f"{plan.recipe_path}: {first.label} sets seq_len {first.seq_len} and global batch "
+                f"size {first.global_batch_size}, but the hf baseline loader reads the job's "
+                f"training.seq_len {t.seq_len} and global_batch_size {t.global_batch_size}; "
+                "set them to the phase's, or use --data.loader zephon"
+            )
         check_startup(cfg, dp_size, None, max_seq_len)
         layouts = {}
     if cfg.validation.enable:
