@@ -79,6 +79,7 @@ def test_phase_schedule_trains_through_every_boundary_and_resumes_elsewhere(tmp_
     # The ranks exchanged their states once, before the anneal's first step.
     assert proc.stdout.count("every rank took the merged loader state") == 1
     assert "lane-count change after step 6" in proc.stdout
+    assert "lanes (the boundary checkpoint's)" in proc.stdout  # no second gather
     # The LR decays over the anneal (steps 7-8) only, to the floor at its last step.
     lrs = [ref[s]["lr"] for s in ref]
     assert lrs[2:6] == [1e-3] * 4 and lrs[6] < 1e-3 and lrs[7] == pytest.approx(1e-4)

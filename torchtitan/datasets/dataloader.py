@@ -90,10 +90,11 @@ class TrainDataLoader:
         the merged state of all ranks: the one the boundary checkpoint just
         gathered, or one gather here."""
         if self.loader.needs_merged_state():
+            how = "the boundary checkpoint's" if self._gathered is not None else "gathered now"
             doc = self._gathered if self._gathered is not None else self.gather_state()
             self.restore(doc)
             logger.info(f"lane-count change after step {doc['step']}: every rank took the "
-                        f"merged loader state of {len(doc['lanes'])} lanes")  # fmt: skip
+                        f"merged loader state of {len(doc['lanes'])} lanes ({how})")  # fmt: skip
         self._gathered = None
         return self.loader.next_batch()
 
