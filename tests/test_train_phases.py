@@ -76,10 +76,13 @@ def test_phase_schedule_trains_through_every_boundary_and_resumes_elsewhere(tmp_
     for text in ("rows/rank=4 micro_batch=2 micro_steps=2", "rows/rank=8 micro_batch=2 "
                  "micro_steps=4", "rows/rank=8 micro_batch=1 micro_steps=8"):  # fmt: skip
         assert text in proc.stdout
-    # The ranks exchanged their states once, before the anneal's first step.
-    assert proc.stdout.count("every rank took the merged loader state") == 1
-    assert "lane-count change after step 6" in proc.stdout
-    assert "lanes (the boundary checkpoint's)" in proc.stdout  # no second gather
+    # The ranks exchanged their states once, before the anneal's first step, taking
+    # the document the step-6 boundary checkpoint gathered (no second gather).
+    handoff = "every rank took the merged loader state of 2 data-parallel ranks"
+    assert proc.stdout.count(handoff) == 1
+    at = proc.stdout.index(handoff)
+    assert proc.stdout.index("step      6 |") < at < proc.stdout.index("step      7 |")
+    assert f"{handoff} (the boundary checkpoint's)" in proc.stdout
     # The LR decays over the anneal (steps 7-8) only, to the floor at its last step.
     lrs = [ref[s]["lr"] for s in ref]
     assert lrs[2:6] == [1e-3] * 4 and lrs[6] < 1e-3 and lrs[7] == pytest.approx(1e-4)
@@ -98,7 +101,7 @@ def test_phase_schedule_trains_through_every_boundary_and_resumes_elsewhere(tmp_
     proc = train(3, dp3, recipe)
     assert "resumed from step 4 on 3 data-parallel rank(s)" in proc.stdout
     assert f"training steps 5..{PHASE_STEPS}" in proc.stdout
-    assert proc.stdout.count("every rank took the merged loader state") == 1
+    assert proc.stdout.count("merged loader state of 3 data-parallel ranks (the boundary") == 1
     assert_same_run(metrics(dp3), ref, range(5, PHASE_STEPS + 1))
 
     # 1 process from that run's mid-phase checkpoint (step 5, inside 'long').

@@ -1,8 +1,9 @@
 """The trainer's data glue: build this rank's loader from `[data]` and run the
 collectives around it: the global batch digest, the checkpoint state of all
 ranks, the dropped-records count, and the merged state every rank needs before
-the first step of a phase that changes the lane count. It speaks only the loader contract
-(`contract.RankLoader`), so it never asks which loader kind runs.
+the first step of a phase that changes the lane count. It speaks only the
+loader contract (`contract.RankLoader`), so it never asks which loader kind
+runs. The startup checks of `[data]` and `[validation]` live here too.
 
 Collectives run over the data-parallel group (one per tensor-parallel
 coordinate), never the world: tensor-parallel peers hold the same batch and
@@ -93,8 +94,8 @@ class TrainDataLoader:
             how = "the boundary checkpoint's" if self._gathered is not None else "gathered now"
             doc = self._gathered if self._gathered is not None else self.gather_state()
             self.restore(doc)
-            logger.info(f"lane-count change after step {doc['step']}: every rank took the "
-                        f"merged loader state of {len(doc['lanes'])} lanes ({how})")  # fmt: skip
+            logger.info(f"lane-count change: every rank took the merged loader state of "
+                        f"{self.dp_size} data-parallel ranks ({how})")  # fmt: skip
         self._gathered = None
         return self.loader.next_batch()
 
