@@ -3,7 +3,10 @@
 One process per device, on a (dp_replicate, dp_shard, tp) device mesh: FSDP2
 or HSDP over the data-parallel dimensions, optionally tensor parallelism inside.
 The loss is normalised by the valid tokens of the whole global batch, so
-neither the mesh nor the micro-batch size changes what is optimised.
+neither the mesh nor the micro-batch size changes what is optimised. The
+recipe's data phases set each step's shape (`datasets/schedule.py`): rows per
+rank, seq_len and micro-batches follow them; a checkpoint is written at every
+phase boundary, and the LR decay may span a phase.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from torchtitan.components.divergence import DivergenceGuard, clip_grads, fold_l
 from torchtitan.components.flops import model_flops_utilisation
 from torchtitan.components.initial_load import initial_model_args, load_initial
 from torchtitan.components.loss import cross_entropy_sum
-from torchtitan.components.lr_scheduler import build_lr_scheduler
+from torchtitan.components.lr_scheduler import build_lr_scheduler, decay_window, lr_of_step
 from torchtitan.components.metrics import (
     MetricsLogger,
     StepMetrics,
@@ -37,9 +40,10 @@ from torchtitan.components.metrics import (
     trim_logs_to_start,
 )
 from torchtitan.components.optimizer import build_optimizer
-from torchtitan.components.source_metrics import global_source_counts
+from torchtitan.components.source_metrics import global_source_counts, scheduled_shares
 from torchtitan.config.job_config import ConfigError, JobConfig, load_job_config
 from torchtitan.datasets.dataloader import TrainDataLoader, check_data_startup
+from torchtitan.datasets.schedule import DataSchedule, micro_rows
 from torchtitan.distributed.device_io import to_device
 from torchtitan.distributed.mesh import ParallelDims, ParallelMesh
 from torchtitan.distributed.utils import DistInfo, exit_process, init_distributed
@@ -84,14 +88,20 @@ class Trainer:
             initial_model_args(cfg, tok.vocab_size),
             attention_impl=_attention_impl(cfg.model.attention_impl, self.device),
         )
-        self.spec.check_parallelism(self.model_args, dims, t.seq_len)
+        # The data schedule, checked from the step this run starts at: every phase
+        # still to come, for this mesh, before anything is built.
+        self.resume_from = resume_step(cfg.checkpoint, cfg.job.dump_folder)
+        start = self.resume_from or 0
+        self.plan = DataSchedule.from_config(cfg)
+        for seq_len in sorted({p.seq_len for p in self.plan.unfinished(start)}):
+            self.spec.check_parallelism(self.model_args, dims, seq_len)
         dp = dims.dp
-        self.layout = check_data_startup(cfg, dp, self.model_args.max_seq_len)
+        self.layouts = check_data_startup(cfg, dp, self.model_args.max_seq_len, self.plan, start)
+        decay_window(cfg.lr_scheduler, max(t.steps, 1), self.plan.phases)  # checked now
         self.mesh = ParallelMesh(dims, self.device.type)
         self.data = self._loader()
 
         # Refuse an incompatible resume before paying for the model.
-        self.resume_from = resume_step(cfg.checkpoint, cfg.job.dump_folder)
         resume_doc: dict[str, Any] | None = None
         if self.resume_from is not None:
             resume_doc = read_loader_state(cfg.checkpoint, cfg.job.dump_folder, self.resume_from)
@@ -99,10 +109,13 @@ class Trainer:
 
         self.model = self._build_model()
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
-        self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, max(t.steps, 1))
-        self.ckpt = CheckpointManager(
-            cfg.checkpoint, cfg.job.dump_folder, self.model, self.optimizer, self.lr_scheduler
+        self.lr_scheduler = build_lr_scheduler(
+            self.optimizer, cfg.lr_scheduler, max(t.steps, 1), self.plan.phases
         )
+        self.ckpt = CheckpointManager(
+            cfg.checkpoint, cfg.job.dump_folder, self.model, self.optimizer, self.lr_scheduler,
+            boundaries=self.plan.boundaries(),
+        )  # fmt: skip
         self.divergence = DivergenceGuard(t.max_nonfinite_steps, log=self.rank == 0)
         self.step = 0
         if self.resume_from is not None and resume_doc is not None:
@@ -162,12 +175,13 @@ class Trainer:
         return model
 
     def _forward_backward(self, batch: Any, n_valid_global: int) -> torch.Tensor:
-        """Accumulate gradients over micro-batches; returns this rank's loss sum.
+        """Accumulate gradients over micro-batches (the rows of the step's phase);
+        returns this rank's loss sum.
 
         By default FSDP reduce-scatters after every micro-batch, so each rank only
         ever holds sharded gradients; `parallelism.defer_grad_sync` reduces once, on
         the last micro-batch, at the cost of unsharded gradients meanwhile."""
-        micro = batch.micro_batches(self.cfg.training.local_batch_size)
+        micro = batch.micro_batches(self.plan.micro_rows(self.plan.phase_at(self.step)))
         defer = self.cfg.parallelism.defer_grad_sync
         loss_total = torch.zeros((), device=self.device)
         # FSDP averages gradients over data-parallel ranks; scaling by dp makes the
@@ -215,6 +229,8 @@ class Trainer:
         """Loss over the validation recipe, the same batches for every rank count."""
         cfg = self.cfg
         val = self._loader(cfg.validation.recipe)
+        t = cfg.training  # validation keeps the job's own shape, whatever the phase
+        rows = micro_rows(t.local_batch_size, t.local_batch_tokens or None, t.seq_len)
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)
         n = 0
         try:
@@ -222,7 +238,7 @@ class Trainer:
                 batch = val.next_batch()
                 if not self._batch_counts(batch).have_all:
                     break
-                for mb in batch.micro_batches(cfg.training.local_batch_size):
+                for mb in batch.micro_batches(rows):
                     logits = self.model(**self.spec.inputs(mb, self.device))
                     loss_sum, n_valid = cross_entropy_sum(logits, to_device(mb.labels, self.device))
                     totals[0] += loss_sum.double()
@@ -236,15 +252,14 @@ class Trainer:
     def run(self) -> int:
         cfg = self.cfg
         steps = cfg.training.steps
+        first = self.plan.phase_at(self.step + 1)
         logger.info(
             f"training steps {self.step + 1}..{steps} on {self.mesh.describe()}, device "
-            f"{self.device.type}/{self.info.backend}, global batch {cfg.training.global_batch_size}"
-            f" x {cfg.training.seq_len} tokens, micro-batch {cfg.training.local_batch_size}"
+            f"{self.device.type}/{self.info.backend}, global batch {first.global_batch_size}"
+            f" x {first.seq_len} tokens, micro-batch {self.plan.micro_rows(first)}"
         )
-        if self.layout is not None:
-            logger.info(f"data layout {self.layout.describe()}")
-            if note := self.layout.imbalance():
-                logger.info(f"{note} (refuse above parallelism.max_idle_share)")
+        for line in self.plan.report(self.layouts, self.step):
+            logger.info(line)
         val_freq = cfg.validation.freq
         stops = stop_requests()
         while self.step < steps:
@@ -304,7 +319,6 @@ class Trainer:
     ) -> None:
         """Collective: reduce the step's loss (and read the norm), then log on rank 0.
         Reading them syncs with the device, so the step time is the real one."""
-        cfg = self.cfg
         loss, norm = self._global_loss(loss_sum, n_valid), float(_full(grad_norm).item())
         sources = global_source_counts(
             batch, self.data.source_names, self.device, self.mesh.dp_group
@@ -313,15 +327,16 @@ class Trainer:
         step_time = time.perf_counter() - t0
         if self.metrics is None:
             return
-        tokens = cfg.training.global_batch_size * cfg.training.seq_len
-        flops = self.spec.flops_per_token(self.model_args, cfg.training.seq_len)
+        phase = self.plan.phase_at(self.step)
+        tokens = self.plan.step_tokens(phase)
+        flops = self.spec.flops_per_token(self.model_args, phase.seq_len)
         mfu = model_flops_utilisation(flops, tokens, step_time, self.info.world_size, self.device)
         self.metrics.log(
             StepMetrics(
                 step=self.step,
                 loss=loss,
                 grad_norm=norm,
-                lr=self.lr_scheduler.get_last_lr()[0],
+                lr=lr_of_step(self.lr_scheduler, self.step),
                 tokens=tokens,
                 step_time_s=step_time,
                 data_wait_s=data_wait,
@@ -332,6 +347,8 @@ class Trainer:
                 source_docs=sources[1] if sources else None,
                 bad_records_dropped=dropped,
                 skipped_updates=self.divergence.skipped,
+                phase=phase.name if self.plan.named else None,
+                scheduled_shares=scheduled_shares(phase, self.data.source_names),
             )
         )
 

@@ -5,6 +5,8 @@ state), `dataloader.json` (the loader state of all ranks as one document) and,
 written last, `COMPLETE.json`. Only folders with that marker are resume
 points, so a save interrupted at any moment is never resumed from. DCP
 reshards model and optimizer when the number of processes or the mesh changes.
+The step after which a data phase starts is saved whatever the interval, and
+`keep_latest_k` neither prunes nor counts it (boundaries.py).
 
 Parameters that are not all finite are never saved; the manifest records
 whether the step's update was applied (finite), and `keep_latest_k` pruning
@@ -23,7 +25,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from typing import Any
 
@@ -34,6 +36,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.stateful import Stateful
 
 from torchtitan.components.checkpoint import manifest
+from torchtitan.components.checkpoint.boundaries import prunable_steps
 from torchtitan.components.checkpoint.manifest import COMPLETE_FILE, LOADER_FILE, CheckpointError
 from torchtitan.components.divergence import params_finite
 from torchtitan.config.job_config import Checkpoint as CheckpointConfig
@@ -140,8 +143,13 @@ class CheckpointManager:
         model: torch.nn.Module,
         optimizer: Any,
         lr_scheduler: Any,
+        boundaries: Collection[int] = (),
     ):
+        """`boundaries`: steps after which a data phase starts; each is saved
+        whatever the interval, and never pruned."""
         self.cfg = cfg
+        self.boundaries = frozenset(boundaries)
+        self._boundary_dirs: dict[str, bool] = {}
         self.folder = checkpoint_folder(cfg, dump_folder)
         self.state = _TrainState(model, optimizer, lr_scheduler)
         self.rank = dist.get_rank()
@@ -188,7 +196,9 @@ class CheckpointManager:
         return self.state.step
 
     def should_save(self, step: int, last_step: int) -> bool:
-        return self.cfg.enable and (step % self.cfg.interval == 0 or step == last_step)
+        return self.cfg.enable and (
+            step % self.cfg.interval == 0 or step == last_step or step in self.boundaries
+        )
 
     def newest_finite(self) -> tuple[int, str] | None:
         """(step, folder) of the newest complete checkpoint recorded finite."""
@@ -299,7 +309,8 @@ class CheckpointManager:
         dist.barrier()
 
     def _purge(self) -> None:
-        for old in manifest.steps_to_prune(self.folder, self.cfg.keep_latest_k):
+        candidates = prunable_steps(self.folder, self.complete_steps(), self._boundary_dirs)
+        for old in manifest.steps_to_prune(self.folder, self.cfg.keep_latest_k, candidates):
             # Marker first: a half-deleted folder must not look complete.
             os.remove(os.path.join(self.step_dir(old), COMPLETE_FILE))
             shutil.rmtree(self.step_dir(old), ignore_errors=True)

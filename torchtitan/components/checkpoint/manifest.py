@@ -235,14 +235,18 @@ def newest_finite(folder: str) -> int | None:
     return next((s for s in reversed(marked_steps(folder)) if step_finite(folder, s)), None)
 
 
-def steps_to_prune(folder: str, keep_latest_k: int) -> list[int]:
-    """Complete steps that `keep_latest_k` removes: all but the newest k, except the
-    newest finite one, whatever its age (a run that diverged keeps its last good
-    state). 0 keeps everything."""
+def steps_to_prune(
+    folder: str, keep_latest_k: int, candidates: list[int] | None = None
+) -> list[int]:
+    """Complete steps that `keep_latest_k` removes: all but the newest k of
+    `candidates` (default: every complete step; the caller leaves out what is never
+    pruned, e.g. phase boundaries), except the newest finite step, whatever its age
+    (a run that diverged keeps its last good state). 0 keeps everything."""
     if keep_latest_k <= 0:
         return []
     keep = newest_finite(folder)
-    return [s for s in marked_steps(folder)[:-keep_latest_k] if s != keep]
+    steps = marked_steps(folder) if candidates is None else candidates
+    return [s for s in steps[:-keep_latest_k] if s != keep]
 
 
 def newest_verified(folder: str, mode: str, below: int | None = None) -> int | None:
