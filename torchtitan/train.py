@@ -41,6 +41,7 @@ from torchtitan.components.metrics import (
 )
 from torchtitan.components.optimizer import build_optimizer
 from torchtitan.components.source_metrics import global_source_counts, scheduled_shares
+from torchtitan.components.validation import validation_loss
 from torchtitan.config.job_config import ConfigError, JobConfig, load_job_config
 from torchtitan.datasets.dataloader import TrainDataLoader, check_data_startup
 from torchtitan.datasets.schedule import DataSchedule, micro_rows
@@ -224,30 +225,16 @@ class Trainer:
         dist.all_reduce(loss_sum, group=self.mesh.dp_group)
         return float(loss_sum.item()) / max(n_valid, 1)
 
-    @torch.no_grad()
     def validate(self) -> float:
         """Loss over the validation recipe, the same batches for every rank count."""
         cfg = self.cfg
-        val = self._loader(cfg.validation.recipe)
         t = cfg.training  # validation keeps the job's own shape, whatever the phase
         rows = micro_rows(t.local_batch_size, t.local_batch_tokens or None, t.seq_len)
-        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
-        n = 0
-        try:
-            while cfg.validation.steps < 0 or n < cfg.validation.steps:
-                batch = val.next_batch()
-                if not self._batch_counts(batch).have_all:
-                    break
-                for mb in batch.micro_batches(rows):
-                    logits = self.model(**self.spec.inputs(mb, self.device))
-                    loss_sum, n_valid = cross_entropy_sum(logits, to_device(mb.labels, self.device))
-                    totals[0] += loss_sum.double()
-                    totals[1] += n_valid.double()
-                n += 1
-        finally:
-            val.close()
-        dist.all_reduce(totals, group=self.mesh.dp_group)
-        return float(totals[0] / totals[1].clamp(min=1))
+        return validation_loss(
+            self.model, self.spec.inputs, self._loader(cfg.validation.recipe), rows,
+            cfg.validation.steps, lambda b: self._batch_counts(b).have_all, self.device,
+            self.mesh.dp_group,
+        )  # fmt: skip
 
     def run(self) -> int:
         cfg = self.cfg
