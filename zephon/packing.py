@@ -177,6 +177,8 @@ class ConcatPacker:
             if take == need and type(self.cur) is ImageDocIds:
                 fit = block_cut(self.cur, off + need) - off
                 if fit < need:  # an image would cross the row end: it starts the next row
+                    if not pieces and not fit:  # fit_row lets no such block through
+                        raise AssertionError(f"an image block at {off} is longer than a row")
                     if fit:
                         pieces.append((self.cur[off : off + fit], self.cur_source, off == 0))
                     self.off = off + fit
