@@ -131,12 +131,17 @@ def original_offset(ids: np.ndarray, off: int) -> int:
     return off + sum(n for at, n in ids.doc.removed if at <= off)
 
 
-def _too_long(image: DocImage, row_len: int) -> ImageError:
+def _too_long(image: DocImage, row_len: int, dropped: bool) -> ImageError:
+    what = (
+        "left out of its document"
+        if dropped
+        else 'lower [image] max_pixels, raise seq_len, or set bad_records = "drop" in '
+        "[recipe] to leave such images out"
+    )
     return ImageError(
         f"{image.name}: image of {image.num_tokens} placeholder tokens ({image.block} with "
         f"its start and end tokens) does not fit in a row of {row_len} tokens (seq_len "
-        f"{row_len - 1}); an image is never split across rows: lower [image] max_pixels, "
-        'raise seq_len, or set bad_records = "drop" in [recipe] to leave such images out'
+        f"{row_len - 1}); an image is never split across rows: {what}"
     )
 
 
@@ -162,10 +167,9 @@ def fit_row(ids: ImageDocIds, row_len: int, drop: Any, doc_id: int, after: int =
         if image.block <= row_len or image.offset < after:
             kept.append(image.moved(image.offset - sum(n for _, n in removed)))
             continue
-        error = _too_long(image, row_len)
         if drop is None:
-            raise error
-        drop.drop(doc_id, error)
+            raise _too_long(image, row_len, False)
+        drop.drop(doc_id, _too_long(image, row_len, True))
         parts.append(np.asarray(whole[at : image.offset]))
         removed.append((image.offset - sum(n for _, n in removed), image.block))
         at = image.offset + image.block
@@ -211,6 +215,8 @@ def image_chunks(ids: ImageDocIds, row_len: int) -> list[tuple[int, int]]:
     out, a, n = [], 0, len(ids)
     while a < n:
         b = block_cut(ids, min(a + row_len, n))
+        if b == a:  # fit_row lets no such block through: a bug, not bad data
+            raise AssertionError(f"an image block at offset {a} is longer than a row")
         out.append((a, b))
         a = b
     return out
