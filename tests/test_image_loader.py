@@ -409,3 +409,37 @@ def test_concat_carries_offsets_of_the_workers_document_across_a_boundary():
     nxt.fill(lane2)
     emitted += [int(t) for pieces in lane2.rows for ids, _, _ in pieces for t in ids]
     assert emitted == [int(t) for t in first]  # every token once, the long image left out
+
+
+def test_validate_scan_decodes_images_and_preview_shows_them(tmp_path, capsys):
+    from zephon.cli import main
+
+    members = []
+    for kind in BAD_KINDS:
+        for name, data in write_tar_members(_bad_shard(tmp_path, kind)):
+            members.append((f"{kind}-{name}", data))
+    shard = write_tar(tmp_path / "all.tar", members)
+    body = f'[[source]]\nname = "c"\npath = "{shard}"\n'
+    path = recipe(tmp_path, "concat", lanes=1, body=body)
+    assert main(["validate", str(path), "--scan", "--scan-workers", "1"]) == 2
+    out = capsys.readouterr()
+    assert "24 records read, 4 bad" in out.out
+    for kind, why in BAD_KINDS.items():
+        (line,) = [s for s in out.out.splitlines() if f"key {kind}-s001" in s]
+        assert why in line and str(shard) in line
+    # preview: each image of a row shown in place of its tokens
+    sample = recipe(tmp_path, "concat", lanes=2)
+    argv = ["preview", str(sample), "--seq-len", str(SEQ), "--lane", "1", "--rows", "4"]
+    assert main([*argv, "--chars", "400"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    heads = [s for s in lines if s.startswith("--- lane 1 row ")]
+    said = sum(int(s.split(", ")[-1].split(" image")[0]) for s in heads if "image(s)" in s)
+    shown = sum(s.count("<image ") for s in lines)
+    assert said > 0 and shown == said, lines
+
+
+def write_tar_members(path: Path) -> list[tuple[str, bytes]]:
+    import tarfile
+
+    with tarfile.open(path) as tar:
+        return [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]

@@ -156,3 +156,17 @@ class ImageWork:
         parts.append([self.tok.eos_id])
         flat = np.concatenate([np.asarray(p, dtype=np.int32) for p in parts])
         return ImageDocIds.make(flat, ImageDoc(tuple(images)))
+
+
+def bad_images(value: Any, spec: ImageSpec) -> list[str]:
+    """Why each image of a read value cannot be used, decoding it as training would
+    (`zephon validate --scan`); [] for a good document or one that is no MultimodalDoc."""
+    if not isinstance(value, MultimodalDoc):
+        return []
+    out = []
+    for image in value.images:
+        try:
+            prepare_image(image.data, image.name, spec)
+        except ImageError as exc:
+            out.append(str(exc))
+    return out
