@@ -443,3 +443,11 @@ def write_tar_members(path: Path) -> list[tuple[str, bytes]]:
 
     with tarfile.open(path) as tar:
         return [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
+
+
+def test_the_hf_baseline_refuses_sources_with_images(tmp_path):
+    from torchtitan.datasets.hf_baseline.corpus import _load_source
+
+    spec = load_recipe(recipe(tmp_path)).sources[0]
+    with pytest.raises(DataError, match="source 'captions'.*holds images.*reads text only"):
+        _load_source(spec, str(tmp_path))
