@@ -221,7 +221,8 @@ class NeedPlanner:
         else:
             ld.restart()
         self.used -= n
-        self.bytes.release(slot)
+        if slot.nbytes:
+            self.bytes.release(slot)
         self.waiting.discard(feed)
         return ids, slot.doc_id
 
@@ -327,7 +328,9 @@ class NeedPlanner:
             else:  # exact image tokens, and the bytes to reserve (images/work.py)
                 est, nbytes = slot.text.cost(self.tokens_per_char)
             must = step <= self.floor
-            if not must and (self.used + est > self.budget or not self.bytes.admits(nbytes)):
+            if not must and (
+                self.used + est > self.budget or (nbytes and not self.bytes.admits(nbytes))
+            ):
                 held_back = True
                 break  # later entries are later steps: the budget holds them all back
             needed = needed or must
@@ -335,7 +338,8 @@ class NeedPlanner:
             f.sched_tokens += est
             slot.est = est
             self.used += est
-            self.bytes.reserve(slot, nbytes)
+            if nbytes:  # text carries no image bytes
+                self.bytes.reserve(slot, nbytes)
             est_total += est
             call.append(slot)
             if self.warm:  # the feed's next document, now further ahead
