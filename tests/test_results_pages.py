@@ -40,6 +40,9 @@ PAGES: dict[str, Callable[[Any], str]] = {
     "bench_scale": bench_scale.render,
     "bench_throughput": bench_throughput.render,
     "elastic_resume": lambda doc: f"{doc['title']}\n\n{elastic_resume_demo.markdown_table(doc)}\n",
+    "elastic_resume_vlm": lambda doc: (
+        f"{doc['title']}\n\n{elastic_resume_demo.markdown_table(doc)}\n"
+    ),
     "elastic_scenarios": elastic_scenarios.report,
     "fault_injection": fault_injection.report,
     "gpu_count_sensitivity": gpu_count_sensitivity.markdown,

@@ -16,7 +16,8 @@ sample mix; 5% or less with one caller). Local files are read by the planning
 thread itself (parsing is CPU work under the GIL, so a thread pool gains
 nothing); remote ones by a pool that can wait on the network. With no
 workers, everything runs inline, on the thread of the lane that needs a
-document.
+document. A call with documents of a source with images decodes those where
+it tokenizes (images/work.py): workers decode images, lanes never do.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import numpy as np
 from zephon.feeds import Feed, FeedStart, LaneDemand, Slot
 from zephon.lane_docs import BlockPart
 from zephon.pieces import encode_documents, needs_pieces
-from zephon.planner import NeedPlanner, StepMap
+from zephon.planner import DEFAULT_LOOKAHEAD_BYTES, NeedPlanner, StepMap
 from zephon.reading import read_slots
 from zephon.tokenize import TokenizerInfo, encode_raw, frame_ids
 
@@ -67,6 +68,8 @@ class DemandScheduler:
         budget_tokens: lookahead budget (tokens tokenized but not yet taken).
         steps: which step needs a lane-stream token offset.
         unit: the recipe's mixture unit ("tokens" or "documents").
+        budget_bytes: lookahead budget of image bytes (images/budget.py).
+        images: the image work of a recipe with image sources (images/work.py).
     """
 
     def __init__(
@@ -77,9 +80,11 @@ class DemandScheduler:
         steps: StepMap,
         unit: str,
         max_docs: int = 1024,
+        budget_bytes: int = DEFAULT_LOOKAHEAD_BYTES,
+        images: Any = None,
     ):
-        self.tok, self.unit = tok, unit
-        self.planner = NeedPlanner(budget_tokens, steps, max_docs)
+        self.tok, self.unit, self.images = tok, unit, images
+        self.planner = NeedPlanner(budget_tokens, steps, max_docs, budget_bytes=budget_bytes)
         # One lock, three conditions: lanes wait on `cond` for documents, the
         # planning thread on `wake` for something to do, the tokenizer thread on
         # `queued` for a call. Waking only the side that can proceed keeps the
@@ -236,7 +241,8 @@ class DemandScheduler:
         texts = self._texts(slots)
         self.cond.release()
         try:
-            ids: list[np.ndarray] | BaseException = encode_documents(texts, self.tok)
+            out, encodings = run_call(slots, texts, self.tok, self.images)
+            ids: list[np.ndarray] | BaseException = frame_ids(out, self.tok) if encodings else out
         except BaseException as exc:  # handed to the lanes that wait on these documents
             ids = exc
         finally:
@@ -307,15 +313,7 @@ class DemandScheduler:
                     self.wake.notify()  # room for the next call
                     self.cond.release()
                     try:
-                        # Long texts are cut and joined by encode_documents, ids and
-                        # all; otherwise only the tokenizer runs here, the planning
-                        # thread converts.
-                        encodings = not needs_pieces(call.texts, self.tok)
-                        out: Any = (
-                            encode_raw(call.texts, self.tok)
-                            if encodings
-                            else encode_documents(call.texts, self.tok)
-                        )
+                        out, encodings = run_call(call.slots, call.texts, self.tok, self.images)
                     except BaseException as exc:  # handed to the lanes that wait on these
                         out, encodings = exc, False
                     finally:
@@ -351,3 +349,17 @@ class DemandScheduler:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def run_call(
+    slots: list[Slot], texts: list[Any], tok: TokenizerInfo, images: Any
+) -> tuple[Any, bool]:
+    """(output, whether it is encodings to turn into ids) of one call. Long texts
+    are cut and joined by encode_documents, ids and all; documents with images
+    are decoded and framed by the image work; otherwise only the tokenizer runs
+    here, and the planning thread converts."""
+    if images is not None and any(s.feed.images is not None for s in slots):
+        return images.encode(texts, [(s.feed.reader, s.doc_id) for s in slots]), False
+    if needs_pieces(texts, tok):
+        return encode_documents(texts, tok), False
+    return encode_raw(texts, tok), True
