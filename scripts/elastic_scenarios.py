@@ -5,36 +5,42 @@
     .venv/bin/python scripts/elastic_scenarios.py --scenarios kill9_agent,join
 
 Each scenario launches `run_train.sh` agents (torchrun's elastic agent, NNODES=1:3,
-c10d rendezvous on 127.0.0.1) on the debug model and the sample data, injects a
-fault, and checks the job without a person:
-- kill9_agent: agents of 2 + 2 processes; kill -9 of the second launcher mid-run.
-  Its ranks must exit on their own; the first agent goes on with 2 processes.
-- join: one agent of 2 processes; a second one of 2 starts at step 3: the job
-  restarts on 4 processes.
-- sigterm_all_ranks: agents of 2 + 2; SIGTERM to every rank: a checkpoint of the
+c10d rendezvous on 127.0.0.1) on the debug model and the sample data (8 lanes), injects
+a fault, and checks the job without a person. Most sizes do not divide the 8 lanes,
+as the survivors of a lost node rarely do: a rank with fewer lanes pads (docs/design.md
+§2), and no size up to the lane count is refused.
+- kill9_agent: agents of 2 + 1 + 1 processes; kill -9 of a 1-process launcher
+  mid-run. Its rank must exit on its own; the job goes on with 3 processes (4 -> 3).
+- join: one agent of 2 processes; an agent of 1 starts at step 3: the job restarts
+  on 3 processes (2 -> 3).
+- sigterm_all_ranks: agents of 2 + 1; SIGTERM to every rank: a checkpoint of the
   current step, both launchers exit 3 (PREEMPT_EXIT_CODE); relaunched, the job
-  resumes from that step and finishes.
-- kill_during_restart: agents of 1 (the rendezvous host) + 2 + 1; kill -9 of the
-  2-process launcher, then, as soon as the survivors start to restart, of the
-  other 1-process launcher: the host finishes alone.
-- ctrl_c: one agent of 2; SIGINT to the launcher (a terminal's Ctrl-C): one line,
+  resumes from that step on 3 processes and finishes.
+- kill_during_restart: agents of 1 (the rendezvous host) + 1 + 1; kill -9 of the
+  second launcher, then, as soon as the survivors start to restart (3 -> 2), of the
+  third: the host finishes alone.
+- ctrl_c: one agent of 3; SIGINT to the launcher (a terminal's Ctrl-C): one line,
   a checkpoint of the current step, exit 3; relaunched, the job finishes.
 - ctrl_c_twice: the same with a second SIGINT at once: the job stops at once
   (exit 3, no new checkpoint), no process is left.
-- divergence: `--optimizer.lr 30`, `--checkpoint.keep_latest_k 1`: the loss
-  diverges; the job stops with exit 2 and one message naming the newest
-  finite checkpoint, which pruning kept.
+- divergence: 3 processes, `--optimizer.lr 30`, `--checkpoint.keep_latest_k 1`: the
+  loss diverges; the job stops with exit 2 and one message naming the newest finite
+  checkpoint, which pruning kept.
 - input_error: agents of 1 + 1 with a recipe that does not exist: both exit 2
   with the message, and neither restarts (an input error is not retried).
+- idle_share_refused: agents of 2 + 1 with `--parallelism.max_idle_share 0.1`: 3
+  processes pad 11.1% of the compute, more than allowed: an input error, exit 2 on
+  both, not retried.
 
-Process counts divide the sample recipe's 8 lanes (until uneven lanes land).
-For each scenario: whether every step's global-batch digest equals the data's
-(a one-rank Zephon loader: what any process count must log), steps lost (trained
-before the fault, not in the checkpoint resumed from), seconds from the fault to
-the next trained step (metrics.jsonl times) against the bound the README states,
-and orphans (processes of the run still alive after it ended). Writes
-`elastic_scenarios.json` and `.md` (generated from the JSON; `--render JSON`)
-under --out; exits 1 if any scenario fails.
+For each scenario: the world sizes (processes) the job formed at before and after
+the fault, whether every step's global-batch digest equals the data's (a one-rank
+Zephon loader: what any process count must log), steps lost (trained before the
+fault, not in the checkpoint resumed from), seconds from the fault to the next
+trained step (metrics.jsonl times) against the bound the README states, and orphans
+(processes of the run still alive after it ended). Writes `elastic_scenarios.json`
+and `.md` (generated from the JSON; `--render JSON`, which also rewrites the
+README's copy for the committed JSON) under --results; exits 1 if any scenario
+fails.
 """
 
 from __future__ import annotations
@@ -57,6 +63,8 @@ import fault_injection as fi
 from train_harness import data_digests, read_metrics, render_results
 
 REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "docs" / "results" / "elastic_scenarios.json"
+MARKERS = ("<!-- elastic_scenarios:begin -->", "<!-- elastic_scenarios:end -->")
 
 STEPS, INTERVAL = 16, 4
 BASE = {"training.steps": STEPS, "checkpoint.interval": INTERVAL}
@@ -81,7 +89,17 @@ SCENARIOS = (
     "ctrl_c_twice",
     "divergence",
     "input_error",
+    "idle_share_refused",
 )
+# The processes each scenario must train at before the fault and finish at: most do
+# not divide the 8 lanes.
+SIZES = {
+    "kill9_agent": (4, 3),
+    "join": (2, 3),
+    "sigterm_all_ranks": (3, 3),
+    "kill_during_restart": (3, 1),
+    "ctrl_c": (3, 3),
+}
 
 
 def free_port() -> int:
@@ -114,6 +132,8 @@ class Run:
         self.dump, self.extra = dump, {**BASE, **(extra or {})}
         self.port = free_port()
         self.agents: list[fi.Job] = []
+        self.nproc: list[int] = []  # processes per agent
+        self.elastic = True
         self.pids: set[int] = set()
         self.steps: list[tuple[float, int]] = []  # (time, highest step in metrics.jsonl)
         self._stop = threading.Event()
@@ -127,6 +147,8 @@ class Run:
                     "RDZV_CONF": RDZV_CONF}  # fmt: skip
         job = fi.Job(self.dump, self.extra, nproc, env, name=f"agent{len(self.agents)}")
         self.agents.append(job)
+        self.nproc.append(nproc)
+        self.elastic = elastic
         if elastic and len(self.agents) == 1:
             # The first agent hosts the rendezvous store: the others must find it up.
             end = time.monotonic() + 60
@@ -150,16 +172,44 @@ class Run:
     def step(self) -> int:
         return fi._steps_logged(self.dump)
 
+    def ended(self) -> bool:
+        """Every agent has exited: nothing more will happen."""
+        return all(job.proc.poll() is not None for job in self.agents)
+
     def wait_step(self, step: int, timeout: float) -> bool:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.step() >= step:
                 return True
+            if self.ended():
+                return self.step() >= step
             time.sleep(0.05)
         return False
 
+    def trained_at(self, procs: int, step: int, timeout: float) -> bool:
+        """Wait until the job has formed at `procs` processes and, so formed, trained
+        up to `step` at least and past every step logged before (a late joiner makes
+        the job re-form before the fault: the fault must hit the size it names)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and self.formed()[-1:] != [procs] and not self.ended():
+            time.sleep(0.1)
+        return self.formed()[-1:] == [procs] and self.wait_step(
+            max(step, self.step() + 1), end - time.monotonic()
+        )
+
     def output(self) -> str:
         return "\n".join(job.output() for job in self.agents)
+
+    def formed(self) -> list[int]:
+        """The process counts the job formed at, in order: the first agent's "job
+        formed" lines (it takes part in every round of these scenarios), or its own
+        process count when it runs without a rendezvous."""
+        if not self.agents:
+            return []
+        if not self.elastic:
+            return [self.nproc[0]]
+        text = self.agents[0].output()
+        return [int(n) for n in re.findall(r"job formed: \d+ node\(s\), (\d+) process", text)]
 
     def finish(self, timeout: float) -> dict[str, Any]:
         """Wait for every agent; then the exit statuses and the orphans (processes of
@@ -182,22 +232,37 @@ class Run:
         return {"exit": codes, "orphans": len(orphans)}
 
 
+def sizes(seen: list[int], after: list[int], *runs: Run) -> dict[str, Any]:
+    """The world sizes around a fault: the size the job had formed at when it hit
+    (`seen`: formed() then), the sizes it formed at afterwards, in order (the last
+    finished the job), and the sizes whose padded layout rank 0 reported."""
+    text = "\n".join(r.output() for r in runs)
+    padded = re.findall(r"padded layout: \d+ lanes over (\d+) data-parallel ranks", text)
+    return {"world_before": seen[-1] if seen else None, "world_after": after,
+            "padded_sizes": sorted({int(n) for n in padded})}  # fmt: skip
+
+
 def measure(run: Run, t_fault: float, ref: dict[int, str]) -> dict[str, Any]:
     """Digests, the step resumed from (the last "resumed from step K" its agents
-    logged), steps lost and seconds from the fault to the first step trained after
-    the resume (step K+1's time in metrics.jsonl)."""
+    logged) and at which data-parallel sizes, steps lost and seconds from the fault
+    to the first step trained after the resume (step K+1's time in metrics.jsonl)."""
     records = read_metrics(run.dump)
     why = fi._digests_ok(run.dump, {s: {"digest": d} for s, d in ref.items()}, 1, STEPS)
-    resumes = [int(k) for k in re.findall(r"resumed from step (\d+) ", run.output())]
+    resumes = [
+        (int(k), int(d))
+        for k, d in re.findall(r"resumed from step (\d+) on (\d+) data-parallel", run.output())
+    ]
     out: dict[str, Any] = {"digests_ok": why is None, "digest_problem": why}
-    if not resumes or max(resumes) + 1 not in records:
+    if not resumes or max(resumes)[0] + 1 not in records:
         return {**out, "resumed_from": None}
-    resumed = max(resumes)
+    resumed = max(resumes)[0]
     first_new = records[resumed + 1]["time"]
     trained = max((m for t, m in run.steps if t < first_new), default=0)
     return {
         **out,
         "resumed_from": resumed,
+        # Every attempt that resumed from that step (one that was cut short too).
+        "resumed_on": sorted({d for k, d in resumes if k == resumed}),
         "steps_trained_before": trained,
         "steps_lost": max(trained - resumed, 0),
         "recovery_s": round(first_new - t_fault, 1),
@@ -210,38 +275,40 @@ def measure(run: Run, t_fault: float, ref: dict[int, str]) -> dict[str, Any]:
 def kill9_agent(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]:
     run = Run(out / "kill9_agent")
     run.agent(2)
-    victim = run.agent(2)
-    if not run.wait_step(5, timeout):
-        return {**run.finish(5), "problem": "no step 5"}
-    t_fault = time.time()
+    run.agent(1)
+    victim = run.agent(1)
+    if not run.trained_at(4, 5, timeout):
+        return {**run.finish(5), "problem": f"no step 5 on 4 processes (formed {run.formed()})"}
+    seen, t_fault = run.formed(), time.time()
     os.kill(victim.proc.pid, signal.SIGKILL)  # run_train.sh execs the launcher: this is it
     result = run.finish(timeout)
-    result["exit"][1] = "killed"
-    return {**result, **measure(run, t_fault, ref), "bound_s": BOUND_S,
+    result["exit"][2] = "killed"
+    return {**result, **sizes(seen, run.formed()[len(seen):], run), **measure(run, t_fault, ref),
+            "bound_s": BOUND_S,
             "restarted": "restarting the workers: rank" in run.output()}  # fmt: skip
 
 
 def join(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]:
     run = Run(out / "join")
     run.agent(2)
-    if not run.wait_step(3, timeout):
-        return {**run.finish(5), "problem": "no step 3"}
-    t_fault = time.time()
-    run.agent(2)
+    if not run.trained_at(2, 3, timeout):
+        return {**run.finish(5), "problem": f"no step 3 on 2 processes (formed {run.formed()})"}
+    seen, t_fault = run.formed(), time.time()
+    run.agent(1)
     result = run.finish(timeout)
-    grew = "job formed: 2 node(s), 4 process(es)" in run.output()
     bound = LAST_CALL_S + STARTUP_S * 2  # the new agent starts Python too
-    return {**result, **measure(run, t_fault, ref), "bound_s": bound, "grew_to_4": grew}
+    return {**result, **sizes(seen, run.formed()[len(seen):], run), **measure(run, t_fault, ref),
+            "bound_s": bound}  # fmt: skip
 
 
 def sigterm_all_ranks(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]:
     run = Run(out / "sigterm_all_ranks")
     run.agent(2)
-    run.agent(2)
-    if not run.wait_step(5, timeout):
-        return {**run.finish(5), "problem": "no step 5"}
-    ranks = [p for job in run.agents for r in range(4) if (p := job.rank_pid(r)) is not None]
-    t_fault = time.time()
+    run.agent(1)
+    if not run.trained_at(3, 5, timeout):
+        return {**run.finish(5), "problem": f"no step 5 on 3 processes (formed {run.formed()})"}
+    ranks = [p for job in run.agents for r in range(3) if (p := job.rank_pid(r)) is not None]
+    seen, t_fault = run.formed(), time.time()
     for pid in ranks:
         os.kill(pid, signal.SIGTERM)
     first = run.finish(timeout)
@@ -249,35 +316,37 @@ def sigterm_all_ranks(out: Path, ref: dict[int, str], timeout: float) -> dict[st
     ckpt = run.dump / "checkpoint" / f"step-{saved}" / "COMPLETE.json"
     again = run.relaunch()  # requeued: the same two agents
     again.agent(2)
-    again.agent(2)
+    again.agent(1)
     second = again.finish(timeout)
     return {"exit": first["exit"], "relaunch_exit": second["exit"],
             "orphans": first["orphans"] + second["orphans"], "ranks_signalled": len(ranks),
-            "checkpoint_of_last_step": ckpt.is_file(), **measure(again, t_fault, ref),
-            "bound_s": BOUND_S}  # fmt: skip
+            "checkpoint_of_last_step": ckpt.is_file(), **sizes(seen, again.formed(), run, again),
+            **measure(again, t_fault, ref), "bound_s": BOUND_S}  # fmt: skip
 
 
 def kill_during_restart(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]:
     run = Run(out / "kill_during_restart")
-    run.agent(1)  # the rendezvous host survives: losing it ends any torchrun job
-    big, small = run.agent(2), run.agent(1)
-    if not run.wait_step(5, timeout):
-        return {**run.finish(5), "problem": "no step 5"}
-    t_fault = time.time()
-    os.kill(big.proc.pid, signal.SIGKILL)
-    # The survivors' launchers say when they restart; the second kill lands then.
+    host = run.agent(1)  # the rendezvous host survives: losing it ends any torchrun job
+    first, second = run.agent(1), run.agent(1)
+    if not run.trained_at(3, 5, timeout):
+        return {**run.finish(5), "problem": f"no step 5 on 3 processes (formed {run.formed()})"}
+    restarts = host.output().count("restarting the workers")  # a late joiner's, before
+    seen, t_fault = run.formed(), time.time()
+    os.kill(first.proc.pid, signal.SIGKILL)
+    # The survivors' launchers say when they restart (3 -> 2); the second kill lands then.
     end = time.monotonic() + timeout
-    while "restarting the workers" not in run.agents[0].output() and time.monotonic() < end:
+    while host.output().count("restarting the workers") == restarts and time.monotonic() < end:
         time.sleep(0.05)
-    os.kill(small.proc.pid, signal.SIGKILL)
+    os.kill(second.proc.pid, signal.SIGKILL)
     result = run.finish(timeout)
     result["exit"][1:] = ["killed", "killed"]
-    return {**result, **measure(run, t_fault, ref), "bound_s": 2 * BOUND_S}
+    return {**result, **sizes(seen, run.formed()[len(seen):], run), **measure(run, t_fault, ref),
+            "bound_s": 2 * BOUND_S}  # fmt: skip
 
 
 def ctrl_c(out: Path, ref: dict[int, str], timeout: float, twice: bool = False) -> dict[str, Any]:
     run = Run(out / ("ctrl_c_twice" if twice else "ctrl_c"))
-    job = run.agent(2, elastic=False)
+    job = run.agent(3, elastic=False)
     if not run.wait_step(5, timeout):
         return {**run.finish(5), "problem": "no step 5"}
     t_fault = time.time()
@@ -291,13 +360,15 @@ def ctrl_c(out: Path, ref: dict[int, str], timeout: float, twice: bool = False) 
     shown = {"traceback": "Traceback" in text, "launcher_lines_after_signal": launcher_lines}
     if twice:
         ckpts = sorted((run.dump / "checkpoint").glob("step-*/COMPLETE.json"))
-        return {**first, **shown, "stopped_at_once": "stopped at once (SIGINT)" in text,
+        return {**first, **shown, **sizes(run.formed(), [], run),
+                "stopped_at_once": "stopped at once (SIGINT)" in text,
                 "checkpoints": [p.parent.name for p in ckpts]}  # fmt: skip
     again = run.relaunch()
-    again.agent(2, elastic=False)
+    again.agent(3, elastic=False)
     second = again.finish(timeout)
     return {**first, **shown, "relaunch_exit": second["exit"],
             "orphans": first["orphans"] + second["orphans"],
+            **sizes(run.formed(), again.formed(), run, again),
             **measure(again, t_fault, ref), "bound_s": STARTUP_S}  # fmt: skip
 
 
@@ -305,7 +376,7 @@ def divergence(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]
     extra = {"optimizer.lr": 30, "lr_scheduler.warmup_steps": 8, "checkpoint.interval": 2,
              "checkpoint.keep_latest_k": 1, "training.max_nonfinite_steps": 5}  # fmt: skip
     run = Run(out / "divergence", extra)
-    job = run.agent(2, elastic=False)
+    job = run.agent(3, elastic=False)
     result = run.finish(timeout)
     text = job.output()
     errors = [ln for ln in text.splitlines() if ln.startswith("error")]
@@ -318,20 +389,39 @@ def divergence(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]
         bool(finite) and len(errors) == 1
         and f"the newest finite checkpoint is step {finite[-1]} " in errors[0]
     )  # fmt: skip
-    return {**result, "error_lines": errors, "checkpoints_finite": kept, "names_finite": named,
+    return {**result, **sizes(run.formed(), [], run), "error_lines": errors,
+            "checkpoints_finite": kept, "names_finite": named,
             "traceback": "Traceback" in text}  # fmt: skip
+
+
+def _refused(run: Run, timeout: float) -> dict[str, Any]:
+    """How an elastic job that fails on its input ended: every agent must say it does
+    not restart after an input error, and print the error once, without a traceback."""
+    result = run.finish(timeout)
+    outs = [job.output() for job in run.agents]
+    errors = [[ln for ln in o.splitlines() if ln.startswith("error")] for o in outs]
+    return {**result, **sizes(run.formed(), [], run),
+            "not_retried": all("not restarting after an input error" in o for o in outs),
+            "failure_restarts": sum(o.count("restarting the workers: rank") for o in outs),
+            "error_lines": [len(e) for e in errors], "errors": [e[:1] for e in errors],
+            "traceback": any("Traceback" in o for o in outs)}  # fmt: skip
 
 
 def input_error(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]:
     run = Run(out / "input_error", {"data.recipe": out / "no-such-recipe.toml"})
     run.agent(1)
     run.agent(1)
-    result = run.finish(timeout)
-    outs = [job.output() for job in run.agents]
-    return {**result, "not_retried": all("not restarting after an input error" in o for o in outs),
-            "failure_restarts": sum(o.count("restarting the workers: rank") for o in outs),
-            "error_lines": [sum(ln.startswith("error") for ln in o.splitlines()) for o in outs],
-            "traceback": any("Traceback" in o for o in outs)}  # fmt: skip
+    return _refused(run, timeout)
+
+
+def idle_share_refused(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]:
+    """3 processes over 8 lanes pad 2 of 18 rows (11.1%): above the 10% allowed."""
+    run = Run(out / "idle_share_refused", {"parallelism.max_idle_share": 0.1})
+    run.agent(2)
+    run.agent(1)
+    result = _refused(run, timeout)
+    names = all("more than the allowed 10.0%" in (e or [""])[0] for e in result["errors"])
+    return {**result, "names_share": names}
 
 
 def run_scenario(name: str, out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]:
@@ -356,12 +446,21 @@ def verdict(name: str, r: dict[str, Any]) -> str:
         if r["exit"] != [3] or not r["stopped_at_once"] or r["traceback"]:
             bad.append("not stopped at once")
         return "; ".join(bad) or "ok"
-    if name == "input_error":
+    if name in ("input_error", "idle_share_refused"):
         if r["exit"] != [2, 2] or not r["not_retried"] or r["failure_restarts"] or r["traceback"]:
             bad.append("an input error was retried or reported unclearly")
+        if name == "idle_share_refused" and not r["names_share"]:
+            bad.append("the refusal does not name the allowed share")
         return "; ".join(bad) or "ok"
     if not r.get("digests_ok"):
         bad.append(f"WRONG DATA: {r.get('digest_problem')}")
+    before, after = SIZES[name]
+    if r.get("world_before") != before or r.get("world_after", [])[-1:] != [after]:
+        bad.append(
+            f"sizes {r.get('world_before')} -> {r.get('world_after')}, not {before} -> {after}"
+        )
+    elif after not in r.get("resumed_on", []):
+        bad.append(f"no resume logged on {after} data-parallel ranks")
     if r.get("recovery_s") is None or r["recovery_s"] > r["bound_s"]:
         bad.append(f"recovery {r.get('recovery_s')} s > bound {r['bound_s']} s")
     if name in ("sigterm_all_ranks", "ctrl_c"):
@@ -372,16 +471,23 @@ def verdict(name: str, r: dict[str, Any]) -> str:
     return "; ".join(bad) or "ok"
 
 
+def _world(r: dict[str, Any]) -> str:
+    """'4 -> 3': processes when the fault hit, then each size the job formed at."""
+    sizes = [r.get("world_before"), *r.get("world_after", [])]
+    return " -> ".join(str(n) for n in sizes if n is not None) or "-"
+
+
 def table(doc: dict[str, Any]) -> str:
     rows = [
-        "| scenario | result | exit | resumed from | steps lost | fault to next step (s) | "
-        "bound (s) | orphans |",
-        "|---|---|---|---|---|---|---|---|",
+        "| scenario | result | processes | exit | resumed from | steps lost | "
+        "fault to next step (s) | bound (s) | orphans |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in doc["results"].items():
         cells = [
             name,
             r["verdict"],
+            _world(r),
             " ".join(str(c) for c in r.get("exit", [])),
             str(r.get("resumed_from", "-")),
             str(r.get("steps_lost", "-")),
@@ -402,8 +508,28 @@ def report(doc: dict[str, Any]) -> str:
         f"call {doc['last_call_s']} s), {doc['wall_s']:.0f} s in all on a shared 2-core "
         "machine. Generated from `elastic_scenarios.json` (`--render`). The bound is "
         "detection + keep-alive expiry + last call + a startup allowance of "
-        f"{doc['startup_s']:.0f} s (twice for two faults).\n\n" + table(doc) + "\n"
+        f"{doc['startup_s']:.0f} s (twice for two faults). Processes: the world size when the "
+        "fault hit, then each size the job formed at after it (the last one finished the "
+        "run); 8 lanes over 3 processes pad 2 of 18 rows per step.\n\n" + table(doc) + "\n"
     )
+
+
+def readme_summary(doc: dict[str, Any]) -> str:
+    """The README's copy of the results: the time taken and the table."""
+    return f"Here ({doc['wall_s']:.0f} s in all):\n\n" + table(doc) + "\n"
+
+
+def render(path: Path) -> int:
+    """The page beside a results JSON and, for the committed one, the README's copy."""
+    code = render_results(path, report)
+    if code == 0 and path.resolve() == RESULTS.resolve():
+        readme = REPO / "README.md"
+        body, (begin, end) = readme.read_text(), MARKERS
+        if begin in body and end in body:
+            head, rest = body.split(begin, 1)
+            text = readme_summary(json.loads(path.read_text()))
+            readme.write_text(head + begin + "\n" + text + rest[rest.index(end) :])
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -415,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--render", type=Path, default=None, help="no runs: JSON -> .md")
     a = p.parse_args(argv)
     if a.render is not None:
-        return render_results(a.render, report)
+        return render(a.render)
     names = [s for s in a.scenarios.split(",") if s]
     unknown = [s for s in names if s not in SCENARIOS]
     if unknown:
@@ -441,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     a.results.mkdir(parents=True, exist_ok=True)
     path = a.results / "elastic_scenarios.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")
-    render_results(path, report)
+    render(path)
     return 0 if all(r["verdict"] == "ok" for r in results.values()) else 1
 
 

@@ -85,6 +85,7 @@ def readme_block(marker: str) -> str:
         ("fault_injection", lambda doc: fault_injection.table(doc["results"]) + "\n"),
         ("gpu_count_sensitivity", gpu_count_sensitivity.readme_summary),
         ("phases_demo", phases_demo.table),
+        ("elastic_scenarios", elastic_scenarios.readme_summary),
     ],
 )
 def test_readme_figures_are_generated(marker: str, summary: Callable[[Any], str]) -> None:

@@ -2,8 +2,8 @@
 checkpoints and pruning, stop requests and the stop-step agreement, the elastic
 agent's policy, the dump-folder lock across restarts, and the launch options of
 run_train.sh. Two end-to-end runs go through scripts/elastic_scenarios.py: an
-elastic job that loses an agent and is then stopped with Ctrl-C, and a run that
-diverges."""
+elastic job on 2 processes over 3 lanes (uneven) that loses an agent and is then
+stopped with Ctrl-C, and a run that diverges."""
 
 from __future__ import annotations
 
@@ -301,17 +301,36 @@ def _scenarios() -> Any:
     return mod
 
 
+def _three_lane_recipe(folder: Path) -> Path:
+    """The sample recipe on 3 lanes: 2 processes do not divide it (uneven at the same
+    cost as an even pair of processes; 8 lanes need 3 to be uneven)."""
+    text = (REPO / "train_configs" / "data" / "sample_mix.toml").read_text()
+    assert "lanes = 8" in text and "../../data/" in text
+    path = folder / "three_lanes.toml"
+    path.write_text(text.replace("lanes = 8", "lanes = 3").replace("../../data/", f"{REPO}/data/"))
+    return path
+
+
 @pytest.mark.slow
-def test_an_elastic_job_goes_on_without_a_killed_agent_then_stops_on_ctrl_c(tmp_path):
-    """Two agents of one process; kill -9 of the second launcher: its rank exits by
-    itself, the first agent re-forms the job on 1 process from the newest checkpoint
-    with the same batches; then Ctrl-C saves the current step and exits 3."""
+def test_an_uneven_elastic_job_goes_on_without_a_killed_agent_then_stops_on_ctrl_c(tmp_path):
+    """Two agents of one process on 3 lanes (12 rows a step): rank 0 owns lane 0 and
+    pads its 4 rows to rank 1's 8. kill -9 of the second launcher: its rank exits by
+    itself, the first agent re-forms the job on 1 process from the newest checkpoint,
+    written by the padded layout, with the same batches; then Ctrl-C saves the current
+    step and exits 3."""
     es = _scenarios()
-    steps, interval = 14, 2
-    run = es.Run(tmp_path / "job", {"training.steps": steps, "checkpoint.interval": interval})
+    steps, interval, rows = 14, 2, 12
+    recipe = _three_lane_recipe(tmp_path)
+    extra = {"training.steps": steps, "checkpoint.interval": interval, "data.recipe": recipe,
+             "training.global_batch_size": rows}  # fmt: skip
+    run = es.Run(tmp_path / "job", extra)
     host = run.agent(1)
     victim = run.agent(1)
-    assert run.wait_step(3, 300), run.output()[-3000:]
+    assert run.trained_at(2, 3, 300), run.output()[-3000:]
+    assert (
+        "padded layout: 3 lanes over 2 data-parallel ranks, rows per rank 4 on 1 rank, 8 on 1 rank"
+        in run.output()
+    )
     os.kill(victim.proc.pid, signal.SIGKILL)
     end = time.monotonic() + 300
     resumed, seen = None, 0.0
@@ -329,8 +348,11 @@ def test_an_elastic_job_goes_on_without_a_killed_agent_then_stops_on_ctrl_c(tmp_
     out = host.output()
     assert result["exit"][0] == 3 and result["orphans"] == 0, (result, out[-3000:])
     assert out.count("restarting the workers: rank") == 1
-    assert "job formed: 1 node(s), 1 process(es)" in out
+    assert run.formed()[-2:] == [2, 1]
     assert f"resumed from step {resumed} on 1 data-parallel rank(s)" in out
+    # The resume point was written by the two padded ranks.
+    state = run.dump / "checkpoint" / f"step-{resumed}" / "dataloader.json"
+    assert json.loads(state.read_text())["dp_size"] == 2
     lost = max(m for t, m in run.steps if t < read_metrics(run.dump)[resumed + 1]["time"])
     assert resumed % interval == 0 and 0 <= lost - resumed <= interval
     # Ctrl-C: one line from the launcher, no traceback, the current step saved.
@@ -339,7 +361,7 @@ def test_an_elastic_job_goes_on_without_a_killed_agent_then_stops_on_ctrl_c(tmp_
     assert f"stopped at step {stopped} (SIGINT to the launcher)" in out
     marker = run.dump / "checkpoint" / f"step-{stopped}" / manifest.COMPLETE_FILE
     assert json.loads(marker.read_text())["finite"] is True
-    ref = data_digests(stopped, 64, 16)
+    ref = data_digests(stopped, 64, rows, recipe)
     assert fi_digests(run.dump, ref, stopped) is None
 
 
