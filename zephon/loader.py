@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from zephon.batch import Batch
@@ -34,6 +34,7 @@ from zephon.rank_schedule import RankSchedule
 from zephon.recipe import Recipe, load_recipe
 from zephon.resume import resume_starts
 from zephon.scheduler import DemandScheduler
+from zephon.stage_profile import StageProfile
 from zephon.state import check_fingerprint, check_header, make_fingerprint, rank_state, upgrade
 from zephon.tokenize import TokenizerInfo, resolve_tokenizer
 from zephon.tolerant import dropped_count, dropped_state, restore_dropped
@@ -66,6 +67,7 @@ class ZephonLoader:
             purpose: one the recipe's first phase sets to another value is an error.
         micro_batch_tokens: tokens per micro-batch instead of micro_batch_size
             (a multiple of every phase's seq_len).
+        profile: CPU by stage in `stats()["profile"]` (stage_profile.py); free when off.
 
     The layout of the last phase is checked here; the start (or a restore)
     checks every phase not finished by then, so an error comes before any batch.
@@ -88,6 +90,7 @@ class ZephonLoader:
         lookahead_tokens: int | None = None,
         explicit: Collection[str] = (),
         micro_batch_tokens: int | None = None,
+        profile: bool = False,
     ):
         self.recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
         ex = self.recipe.execution
@@ -114,6 +117,7 @@ class ZephonLoader:
             self.lookahead_tokens,
             SegmentSteps(first),
             self.recipe.mixture.unit,
+            profile=StageProfile() if profile else None,
         )
         self.source_names = tuple(s.name for s in self.recipe.sources)
         self.ctx = PipelineContext(self.recipe, readers, plans, self.tok, self._scheduler)
@@ -256,12 +260,8 @@ class ZephonLoader:
             self._flushes.add(lane, points, consumed)
         return batch
 
-    def __iter__(self) -> Any:
-        while True:
-            try:
-                yield self.next_batch()
-            except StopIteration:
-                return
+    def __iter__(self) -> Iterator[Batch]:
+        return iter(self.next_batch, None)  # ends at the StopIteration next_batch raises
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's state (its lanes only); merge ranks with merge_rank_states."""
@@ -316,8 +316,9 @@ class ZephonLoader:
         by the tokenizer; pretokenized sources are counted apart. first_batch:
         the same counts when the first batch was assembled (replay included),
         with the non-padding tokens of its rows. The prefetch thread may be a
-        step or two ahead of the trainer."""
+        step or two ahead of the trainer. profile (if asked for): CPU by stage."""
         work = self._scheduler.stats() if self._scheduler is not None else {}
+        profile = self._scheduler.profile if self._scheduler is not None else None
         first = self.first_batch
         return {
             "step": self.step,
@@ -328,6 +329,7 @@ class ZephonLoader:
             "work": work,
             "first_batch": dict(first) if first else None,
             "replay": dict(self.replay),
+            **({"profile": profile.snapshot()} if profile is not None else {}),
         }
 
     def close(self) -> None:

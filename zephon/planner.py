@@ -83,6 +83,15 @@ class SchedulerStats:
     tokens_from_cache: int = 0
     lookahead_peak_tokens: int = 0
 
+    def count_document(self, tokens: int, pretokenized: bool) -> None:
+        """One document read (pretokenized) or tokenized outside the planner's calls."""
+        if pretokenized:
+            self.docs_pretokenized += 1
+            self.tokens_pretokenized += tokens
+        else:
+            self.docs_tokenized += 1
+            self.tokens_tokenized += tokens
+
     def tokens_per_doc(self) -> float:
         """Average tokens of a tokenized document (256 before any)."""
         return self.tokens_tokenized / self.docs_tokenized if self.docs_tokenized else 256

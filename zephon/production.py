@@ -32,6 +32,7 @@ from zephon.errors import StateError
 from zephon.flush_log import FlushPoint
 from zephon.lane import LaneStream
 from zephon.phases import Schedule, Segment, SegmentSteps
+from zephon.stage_profile import ASSEMBLE, NULL_CLOCK, OTHER, PACK, current
 
 END = object()  # the data ended (a `stop` source ran dry)
 BOUNDARY = object()  # a lane-count change this rank cannot cross alone
@@ -122,10 +123,21 @@ class BatchProducer:
         """The next step's batch and flush points; END once a lane ran dry, BOUNDARY at
         a lane-count change it cannot cross; an exception raised on the prefetch
         thread is returned, not raised."""
-        if self._thread is not None:
-            return self._queue.get()
-        item = self.produce()
-        return END if item is None else item
+        profile = self.ctx.scheduler.profile
+        clock = profile.here("consumer") if profile is not None else NULL_CLOCK
+        left = clock.switch(OTHER)
+        try:
+            if self._thread is not None:
+                begun = clock.wait_begin()
+                item = self._queue.get()
+                clock.wait_end(begun)
+            else:
+                item = self.produce()
+            if profile is not None and isinstance(item, tuple):  # tokens delivered
+                profile.tokens += int(item[0].source_tokens.sum())
+            return END if item is None else item
+        finally:
+            clock.switch(left)
 
     def _cross(self) -> bool:
         """Build the next segment's lanes from the boundary points of these; False
@@ -169,22 +181,29 @@ class BatchProducer:
         n = len(self.lanes) * r
         scheduler = self.ctx.scheduler
         scheduler.set_floor(self.produced_step)
+        clock = current()
+        left = clock.switch(PACK)
         tokens = np.empty((n, row_len), dtype=np.int32)
         positions = np.empty((n, row_len), dtype=np.int32)
         src_tokens = np.zeros(len(self.source_names), dtype=np.int64)
         src_docs = np.zeros(len(self.source_names), dtype=np.int64)
-        digests, flushes = [], {}
+        flushes = {}
         for i, lane in enumerate(self.lanes):
             for k in range(r):
                 row = lane.next_row()
                 if row is None:
+                    clock.switch(left)
                     return None
                 tokens[i * r + k], positions[i * r + k] = row
                 assert lane.last_sources is not None
                 src_tokens += lane.last_sources[0]
                 src_docs += lane.last_sources[1]
-            digests.append(rows_digest(tokens[i * r : (i + 1) * r], positions[i * r : (i + 1) * r]))
             flushes[lane.lane] = lane.take_flushes()
+        clock.switch(ASSEMBLE)
+        digests = [
+            rows_digest(tokens[i * r : (i + 1) * r], positions[i * r : (i + 1) * r])
+            for i in range(len(self.lanes))
+        ]
         if not self._warm:  # the first batch since the start or a boundary
             self._warm = True
             stats = scheduler.set_warm()
@@ -204,18 +223,27 @@ class BatchProducer:
         batch.phase = phase.name
         self.produced_step += 1
         entered, self._entered = self._entered, None
+        clock.switch(left)
         return batch, flushes, entered
 
     def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+        clock = current()
+        begun = clock.wait_begin()
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._queue.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+        finally:
+            clock.wait_end(begun)
 
     def _run(self) -> None:
+        profile = self.ctx.scheduler.profile
+        if profile is not None:
+            profile.clock("prefetch")
         try:
             while not self._stop.is_set():
                 item = self.produce()

@@ -35,6 +35,17 @@ from zephon.lane_docs import BlockPart
 from zephon.pieces import encode_documents, needs_pieces
 from zephon.planner import NeedPlanner, StepMap
 from zephon.reading import read_slots
+from zephon.stage_profile import (
+    CONVERT,
+    NULL_CLOCK,
+    OTHER,
+    PLAN,
+    READ,
+    TOKENIZE,
+    Clock,
+    StageProfile,
+    current,
+)
 from zephon.tokenize import TokenizerInfo, encode_raw, frame_ids
 
 
@@ -56,6 +67,14 @@ class _Finished:
     encodings: bool
 
 
+def _take_texts(slots: list[Slot]) -> list[str]:
+    """The slots' texts, taken out of them (the tokenizer call holds them now)."""
+    texts = [s.text for s in slots]
+    for s in slots:
+        s.text = None
+    return texts
+
+
 class DemandScheduler:
     """Reads and tokenizes documents for all lanes of one loader, in order of need.
 
@@ -67,6 +86,7 @@ class DemandScheduler:
         budget_tokens: lookahead budget (tokens tokenized but not yet taken).
         steps: which step needs a lane-stream token offset.
         unit: the recipe's mixture unit ("tokens" or "documents").
+        profile: where the threads charge their CPU by stage (None: not profiled).
     """
 
     def __init__(
@@ -77,8 +97,9 @@ class DemandScheduler:
         steps: StepMap,
         unit: str,
         max_docs: int = 1024,
+        profile: StageProfile | None = None,
     ):
-        self.tok, self.unit = tok, unit
+        self.tok, self.unit, self.profile = tok, unit, profile
         self.planner = NeedPlanner(budget_tokens, steps, max_docs)
         # One lock, three conditions: lanes wait on `cond` for documents, the
         # planning thread on `wake` for something to do, the tokenizer thread on
@@ -165,13 +186,7 @@ class DemandScheduler:
     def count_fetched(self, tokens: int, pretokenized: bool) -> None:
         """A lane read and tokenized one document itself (a carried tail): count it."""
         with self.cond:
-            stats = self.planner.stats
-            if pretokenized:
-                stats.docs_pretokenized += 1
-                stats.tokens_pretokenized += tokens
-            else:
-                stats.docs_tokenized += 1
-                stats.tokens_tokenized += tokens
+            self.planner.stats.count_document(tokens, pretokenized)
 
     def _notify_everyone(self) -> None:
         self.cond.notify_all()
@@ -207,14 +222,16 @@ class DemandScheduler:
                     self._work_inline()
                 else:
                     self.wake.notify()
-                    self.cond.wait()
+                    current().wait(self.cond)
 
     # -- doing the work (lock held, released around reading and tokenizing) ---------
 
-    def _plan(self) -> tuple[list[Slot], list[tuple[Feed, list[BlockPart]]]]:
+    def _plan(self, clock: Clock) -> tuple[list[Slot], list[tuple[Feed, list[BlockPart]]]]:
         if self.closed:
             return [], []
+        left = clock.switch(PLAN)
         plan = self.planner.plan()
+        clock.switch(left)
         if plan.served_from_cache and self.planner.waiting:
             self.cond.notify_all()
         return plan.call, plan.reads
@@ -224,71 +241,85 @@ class DemandScheduler:
         if self.planner.waiting:
             self.cond.notify_all()
 
-    @staticmethod
-    def _texts(slots: list[Slot]) -> list[str]:
-        texts = [s.text for s in slots]
-        for s in slots:
-            s.text = None
-        return texts
-
-    def _encode(self, slots: list[Slot]) -> None:
+    def _encode(self, slots: list[Slot], clock: Clock) -> None:
         """Tokenize the slots' texts (lock released) and store the ids (lock held)."""
-        texts = self._texts(slots)
+        texts = _take_texts(slots)
         self.cond.release()
+        left = clock.switch(TOKENIZE)
         try:
-            ids: list[np.ndarray] | BaseException = encode_documents(texts, self.tok)
+            ids: list[np.ndarray] | BaseException
+            if needs_pieces(texts, self.tok):
+                ids = encode_documents(texts, self.tok)
+            else:  # encode_documents without its cuts, its two stages apart
+                encodings = encode_raw(texts, self.tok)
+                clock.switch(CONVERT)
+                ids = frame_ids(encodings, self.tok)
         except BaseException as exc:  # handed to the lanes that wait on these documents
             ids = exc
         finally:
+            clock.switch(left)
             self.cond.acquire()
+        self._store(slots, texts, ids, clock)
+
+    def _store(self, slots: list[Slot], texts: list[str], ids: Any, clock: Clock) -> None:
+        left = clock.switch(PLAN)
         self.planner.stored(slots, texts, ids)
+        clock.switch(left)
         self._ready()
 
-    def _read(self, f: Feed, parts: list[BlockPart]) -> None:
+    def _read(self, f: Feed, parts: list[BlockPart], clock: Clock) -> None:
         """Read documents of a feed (lock released) and add them (lock held)."""
         self.cond.release()
+        left = clock.switch(READ)
         try:
             slots, err = read_slots(f, parts, self.tok)
         finally:
+            clock.switch(PLAN)
             self.cond.acquire()
         self.planner.read_done(f, slots, err)
+        clock.switch(left)
         self._ready()
         self.wake.notify()  # documents to tokenize
 
     def _read_locked(self, f: Feed, parts: list[BlockPart]) -> None:
         with self.cond:
-            self._read(f, parts)
+            self._read(f, parts, NULL_CLOCK)  # a remote read mostly waits on the network
 
     def _work_inline(self) -> None:
-        call, reads = self._plan()
+        clock = current()
+        call, reads = self._plan(clock)
         for f, parts in reads:
-            self._read(f, parts)
+            self._read(f, parts, clock)
         if call:
-            self._encode(call)
+            self._encode(call, clock)
+
+    def _clock(self, name: str) -> Clock:
+        return self.profile.clock(name) if self.profile is not None else NULL_CLOCK
 
     def _plan_loop(self) -> None:
         """Plans calls and reads; stores what the tokenizer thread finished."""
+        clock = self._clock("plan")
         with self.cond:
             try:
                 while not self.closed:
                     if self.done:
-                        self._finish(self.done.popleft())
+                        self._finish(self.done.popleft(), clock)
                         continue
                     if len(self.calls) < 2:
-                        call, reads = self._plan()
+                        call, reads = self._plan(clock)
                         for f, parts in reads:
                             if f.remote:  # waiting on the network: let a reader thread wait
                                 assert self._pool is not None
                                 self._pool.submit(self._read_locked, f, parts)
                             else:  # local reads are CPU work under the GIL: no thread gains
-                                self._read(f, parts)
+                                self._read(f, parts, clock)
                         if call:
-                            self.calls.append(_Call(call, self._texts(call)))
+                            self.calls.append(_Call(call, _take_texts(call)))
                             self.queued.notify()
                         if call or reads:
                             continue
                     self.idle += 1
-                    self.wake.wait()
+                    clock.wait(self.wake)
                     self.idle -= 1
             except BaseException as exc:  # a bug here must not leave lanes waiting forever
                 self.error = exc
@@ -297,15 +328,17 @@ class DemandScheduler:
 
     def _tokenize_loop(self) -> None:
         """Calls the tokenizer on the planned calls, one after the other."""
+        clock = self._clock("tokenize")
         with self.cond:
             try:
                 while not self.closed:
                     if not self.calls:
-                        self.queued.wait()
+                        clock.wait(self.queued)
                         continue
                     call = self.calls.popleft()
                     self.wake.notify()  # room for the next call
                     self.cond.release()
+                    clock.switch(TOKENIZE)
                     try:
                         # Long texts are cut and joined by encode_documents, ids and
                         # all; otherwise only the tokenizer runs here, the planning
@@ -319,6 +352,7 @@ class DemandScheduler:
                     except BaseException as exc:  # handed to the lanes that wait on these
                         out, encodings = exc, False
                     finally:
+                        clock.switch(OTHER)
                         self.cond.acquire()
                     self.done.append(_Finished(call, out, encodings))
                     self.wake.notify()
@@ -327,19 +361,20 @@ class DemandScheduler:
                 self._notify_everyone()
                 raise
 
-    def _finish(self, finished: _Finished) -> None:
+    def _finish(self, finished: _Finished, clock: Clock) -> None:
         """Store a finished call (lock held; released while encodings become ids)."""
         out = finished.out
         if finished.encodings:
             self.cond.release()
+            left = clock.switch(CONVERT)
             try:
                 out = frame_ids(out, self.tok)
             except BaseException as exc:
                 out = exc
             finally:
+                clock.switch(left)
                 self.cond.acquire()
-        self.planner.stored(finished.call.slots, finished.call.texts, out)
-        self._ready()
+        self._store(finished.call.slots, finished.call.texts, out, clock)
 
     def close(self) -> None:
         with self.cond:
@@ -351,3 +386,5 @@ class DemandScheduler:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if self.profile is not None:
+            self.profile.close()
