@@ -111,13 +111,14 @@ class ZephonLoader:
         budget = lookahead_tokens if lookahead_tokens is not None else ex.lookahead_tokens
         self.lookahead_tokens = budget or 2 * self.rank.step_tokens()
         first = self.schedule.segments[0]
+        self.profile = StageProfile() if profile else None  # kept after close, for a last look
         self._scheduler: DemandScheduler | None = DemandScheduler(
             self.tok,
             self.num_workers,
             self.lookahead_tokens,
             SegmentSteps(first),
             self.recipe.mixture.unit,
-            profile=StageProfile() if profile else None,
+            profile=self.profile,
         )
         self.source_names = tuple(s.name for s in self.recipe.sources)
         self.ctx = PipelineContext(self.recipe, readers, plans, self.tok, self._scheduler)
@@ -318,7 +319,6 @@ class ZephonLoader:
         with the non-padding tokens of its rows. The prefetch thread may be a
         step or two ahead of the trainer. profile (if asked for): CPU by stage."""
         work = self._scheduler.stats() if self._scheduler is not None else {}
-        profile = self._scheduler.profile if self._scheduler is not None else None
         first = self.first_batch
         return {
             "step": self.step,
@@ -329,7 +329,7 @@ class ZephonLoader:
             "work": work,
             "first_batch": dict(first) if first else None,
             "replay": dict(self.replay),
-            **({"profile": profile.snapshot()} if profile is not None else {}),
+            **({"profile": self.profile.snapshot()} if self.profile is not None else {}),
         }
 
     def close(self) -> None:

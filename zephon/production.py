@@ -32,7 +32,7 @@ from zephon.errors import StateError
 from zephon.flush_log import FlushPoint
 from zephon.lane import LaneStream
 from zephon.phases import Schedule, Segment, SegmentSteps
-from zephon.stage_profile import ASSEMBLE, NULL_CLOCK, OTHER, PACK, current
+from zephon.stage_profile import ASSEMBLE, NULL_CLOCK, OTHER, PACK, Clock, current
 
 END = object()  # the data ended (a `stop` source ran dry)
 BOUNDARY = object()  # a lane-count change this rank cannot cross alone
@@ -88,6 +88,8 @@ class BatchProducer:
         Returns the flush points the lanes passed while replaying."""
         self.started = True
         scheduler = self.ctx.scheduler
+        clock = self._consumer_clock()
+        left = clock.switch(PACK)  # building the lanes and replaying is the lanes' work
         # Replayed rows and the first batch are all "needed" work for the scheduler.
         scheduler.set_floor(self.step)
         self.lanes = [
@@ -112,7 +114,13 @@ class BatchProducer:
         if self.prefetch > 0:
             self._thread = threading.Thread(target=self._run, name="zephon-prefetch", daemon=True)
             self._thread.start()
+        clock.switch(left)
         return passed
+
+    def _consumer_clock(self) -> Clock:
+        """The clock of the thread that asks for batches (the trainer's), if profiled."""
+        profile = self.ctx.scheduler.profile
+        return profile.here("consumer") if profile is not None else NULL_CLOCK
 
     def _trace(self, lane: int) -> list[tuple[int, int]] | None:
         if self.traces is None:
@@ -124,7 +132,7 @@ class BatchProducer:
         a lane-count change it cannot cross; an exception raised on the prefetch
         thread is returned, not raised."""
         profile = self.ctx.scheduler.profile
-        clock = profile.here("consumer") if profile is not None else NULL_CLOCK
+        clock = self._consumer_clock()
         left = clock.switch(OTHER)
         try:
             if self._thread is not None:
