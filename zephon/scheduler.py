@@ -105,7 +105,7 @@ class DemandScheduler:
         # planning thread on `wake` for something to do, the tokenizer thread on
         # `queued` for a call. Waking only the side that can proceed keeps the
         # threads from trading the GIL for nothing.
-        lock = threading.Lock()
+        lock = self._lock = threading.Lock()
         self.cond = threading.Condition(lock)
         self.wake = threading.Condition(lock)
         self.queued = threading.Condition(lock)
@@ -203,7 +203,7 @@ class DemandScheduler:
         """The feed's next document (ids, index in the source), waiting for it if
         needed; None once the feed has ended."""
         planner = self.planner
-        with self.cond:
+        with self._lock:  # the lock itself: Condition.__enter__ is a Python call per document
             while True:
                 got = planner.pop_ready(feed)
                 if got is not None:
