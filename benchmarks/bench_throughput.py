@@ -299,6 +299,9 @@ def render(r: dict[str, Any]) -> str:
             f"| {x['ratio_fast']:.2f} | {x['first_batch_s']:.2f} s "
             f"| {x['tokens_tokenized'] / x['row_tokens']:.3f} |"
         )
+    profiled = {k: x for k, x in r["results"].items() if "stage_ns_per_token" in x}
+    if not profiled:  # figures recorded before the profiler
+        return "\n".join(lines) + "\n"
     lines += [
         "",
         "CPU per delivered token (ns, thread CPU, median over rounds) by stage: read (I/O and "
@@ -310,9 +313,7 @@ def render(r: dict[str, Any]) -> str:
         "| corpus | lanes | " + " | ".join(STAGES[:-1]) + " | **total** | raw |",
         "|---|---|" + "---|" * (len(STAGES) + 1),
     ]
-    for key, x in r["results"].items():
-        if "stage_ns_per_token" not in x:
-            continue
+    for key, x in profiled.items():
         ns = x["stage_ns_per_token"]
         corpus, lanes = key.split("/")
         lines.append(
