@@ -3,9 +3,16 @@
 #   NGPU=4 CONFIG_FILE=train_configs/llama3_debugmodel.toml ./run_train.sh --training.steps 10
 # NGPU: processes on this node (default: visible GPUs, or 2 CPU processes without a GPU).
 # CONFIG_FILE: job config (default train_configs/llama3_debugmodel.toml).
-# Multi-node: NNODES, NODE_RANK, RDZV_ENDPOINT (host:port of node 0) and RDZV_ID
-# use torchrun's c10d rendezvous. Extra arguments go to the trainer as
-# --section.field overrides.
+# Multi-node and elastic: NNODES=N or NNODES=MIN:MAX (e.g. 1:4), RDZV_ENDPOINT
+# (host:port of the rendezvous host, the same on every node) and optionally
+# RDZV_ID (default: slurm-$SLURM_JOB_ID under SLURM, else derived from
+# RDZV_ENDPOINT, so every node computes the same one) use torchrun's c10d
+# rendezvous. Workers restart on a failure (MAX_RESTARTS: default 3 for such
+# launches, 0 for one node) or when a node joins, and resume from the newest complete
+# checkpoint at the new size. RDZV_CONF, MONITOR_INTERVAL and SHUTDOWN_TIMEOUT
+# tune the rendezvous (see the README). SIGTERM/SIGUSR1/Ctrl-C: the job saves
+# the current step and exits PREEMPT_EXIT_CODE (default 3).
+# Extra arguments go to the trainer as --section.field overrides.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -18,20 +25,44 @@ if [ -z "${NGPU:-}" ]; then
 fi
 CONFIG_FILE=${CONFIG_FILE:-train_configs/llama3_debugmodel.toml}
 NNODES=${NNODES:-1}
+MIN_NODES=${NNODES%%:*}
+MAX_NODES=${NNODES##*:}
+if ! [[ "$MIN_NODES" =~ ^[1-9][0-9]*$ && "$MAX_NODES" =~ ^[1-9][0-9]*$ ]] \
+   || [ "$MIN_NODES" -gt "$MAX_NODES" ] || [[ "$NNODES" == *:*:* ]]; then
+  echo "error: NNODES=$NNODES: expected a node count N or a range MIN:MAX (e.g. 1:4)" >&2
+  exit 2
+fi
 
-if [ "$NNODES" -gt 1 ]; then
-  : "${RDZV_ENDPOINT:?set RDZV_ENDPOINT=host:port of node 0 for a multi-node launch}"
-  LAUNCH=(--nnodes "$NNODES" --node-rank "${NODE_RANK:-0}" --rdzv-backend c10d
-          --rdzv-endpoint "$RDZV_ENDPOINT" --rdzv-id "${RDZV_ID:-torchtitan}")
+if [ "$MAX_NODES" -gt 1 ]; then
+  if [ -z "${RDZV_ENDPOINT:-}" ]; then
+    echo "error: NNODES=$NNODES needs RDZV_ENDPOINT=host:port of the rendezvous host" >&2
+    exit 2
+  fi
+  # One id for every node of this job: the scheduler's job id, else the endpoint's.
+  if [ -z "${RDZV_ID:-}" ]; then
+    if [ -n "${SLURM_JOB_ID:-}" ]; then
+      RDZV_ID="slurm-$SLURM_JOB_ID"
+    else
+      RDZV_ID="tt-$(printf %s "$RDZV_ENDPOINT" | cksum | cut -d' ' -f1)"
+    fi
+  fi
+  # A dead node leaves the rendezvous after keep_alive_interval x keep_alive_max_attempt
+  # seconds; the job re-forms last_call_timeout seconds after it has MIN nodes.
+  LAUNCH=(--nnodes "$MIN_NODES:$MAX_NODES" --node-rank "${NODE_RANK:-0}" --rdzv-backend c10d
+          --rdzv-endpoint "$RDZV_ENDPOINT" --rdzv-id "$RDZV_ID"
+          --max-restarts "${MAX_RESTARTS:-3}" --monitor-interval "${MONITOR_INTERVAL:-1}"
+          --shutdown-timeout "${SHUTDOWN_TIMEOUT:-15}"
+          --rdzv-conf "${RDZV_CONF:-join_timeout=600,last_call_timeout=10,close_timeout=30,heartbeat=5,keep_alive_interval=5,keep_alive_max_attempt=3}")
 else
-  LAUNCH=(--standalone --nnodes 1)
+  LAUNCH=(--standalone --nnodes 1 --max-restarts "${MAX_RESTARTS:-0}")
 fi
 
 # One intra-op thread per process on CPU unless the user chose otherwise:
 # NGPU processes already share the cores.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
-# The wrapper prints a failure of any rank once and exits 2 for bad input, 1 for a crash.
+# The wrapper prints a failure of any rank once and exits 2 for bad input, 1 for a
+# crash, PREEMPT_EXIT_CODE (default 3) after a stop that saved the current step.
 exec "$PYTHON" -m torchtitan.runtime.launcher "${LAUNCH[@]}" --nproc-per-node "$NGPU" \
   --local-ranks-filter "${LOG_RANK:-0}" --role rank --tee 3 \
   -m torchtitan.train --job.config_file "$CONFIG_FILE" "$@"

@@ -4,8 +4,9 @@ compare every global batch with the run that never moved.
 
 For each loader (Zephon, and the conventional per-rank ``hf`` baseline):
 
-1. a reference run of the Llama 3 debugmodel on ``--ref-procs`` processes for
-   ``--steps`` steps, checkpointing at step ``--ckpt-step`` (k);
+1. a reference run of the model of ``--config`` (default: the Llama 3
+   debugmodel) on ``--ref-procs`` processes for ``--steps`` steps,
+   checkpointing at step ``--ckpt-step`` (k);
 2. for every size in ``--resume-sizes``: the step-k checkpoint copied into a
    fresh dump folder and resumed there on that many processes (the hf loader
    with ``--data.hf_resume skip``, its only way to continue at another size);
@@ -22,6 +23,12 @@ time on CPU (gloo, ``OMP_NUM_THREADS=1`` per process).
     .venv/bin/python scripts/elastic_resume_demo.py --steps 4 --ckpt-step 2 \\
         --ref-procs 2 --resume-sizes 1,4 --seq-len 32 --global-batch 16
     .venv/bin/python scripts/elastic_resume_demo.py --render docs/results/elastic_resume.json
+
+The vision-language model on the sample image-text recipe (images in every
+digest; the hf baseline reads no images):
+
+    .venv/bin/python scripts/elastic_resume_demo.py --config train_configs/vlm_debugmodel.toml \\
+        --recipe train_configs/data/sample_vlm.toml --loaders zephon --out outputs/elastic_demo_vlm
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from train_harness import (
 from zephon import LayoutError, plan_layout
 
 CONFIG = REPO / "train_configs" / "llama3_debugmodel.toml"
+MODEL_NAMES = {"llama3": "Llama 3", "vlm": "VLM"}
 
 
 @dataclass
@@ -88,6 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--out", type=Path, default=REPO / "outputs" / "elastic_demo")
+    p.add_argument("--config", type=Path, default=CONFIG, help="job config (the model)")
     p.add_argument("--steps", type=int, default=12, help="training steps S (default 12)")
     p.add_argument("--ckpt-step", type=int, default=6, help="checkpoint step k (default 6)")
     p.add_argument("--ref-procs", type=int, default=4, help="reference process count P")
@@ -169,7 +178,7 @@ def sizes_for(args: argparse.Namespace, loader: str) -> list[int]:
 def train_args(args: argparse.Namespace, loader: str) -> list[str]:
     """Everything but the process count: identical for a reference and its resumes."""
     fields = {
-        "job.config_file": CONFIG,
+        "job.config_file": args.config,
         "training.seq_len": args.seq_len,
         "training.global_batch_size": args.global_batch,
         "training.local_batch_size": args.local_batch,
@@ -264,12 +273,29 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def portable(path: Path, base: Path) -> str:
+    """`path` relative to `base` when it lies inside it (results JSON is committed)."""
+    try:
+        return str(path.relative_to(base))
+    except ValueError:
+        return str(path)
+
+
+def model_of(config: Path) -> tuple[str, str]:
+    """(model name, flavor) of a job config."""
+    with open(config, "rb") as f:
+        model = tomllib.load(f)["model"]
+    return model["name"], model["flavor"]
+
+
 def title(args: argparse.Namespace) -> str:
     sizes = ", ".join(str(n) for n in args.resume_sizes)
     if "hf" in args.loaders and args.hf_resume_sizes != args.resume_sizes:
         sizes += " (hf: " + ", ".join(str(n) for n in args.hf_resume_sizes) + ")"
+    name, flavor = model_of(getattr(args, "config", CONFIG))
+    model = f"{MODEL_NAMES.get(name, name)} {flavor}"
     return (
-        f"Elastic resume: Llama 3 debugmodel trained on P={args.ref_procs} processes, "
+        f"Elastic resume: {model} trained on P={args.ref_procs} processes, "
         f"checkpoint at step k={args.ckpt_step}, resumed on {sizes} processes\n"
         f"(CPU/gloo, {args.steps} steps, global batch {args.global_batch} x {args.seq_len} "
         f"tokens, recipe {args.recipe.name}, seed {args.seed})"
@@ -294,7 +320,7 @@ def plot(
     fig, axes = plt.subplots(
         2,
         len(loaders),
-        figsize=(6.2 * len(loaders), 7.6),
+        figsize=(max(6.2 * len(loaders), 10.4), 7.6),  # room for the title
         squeeze=False,
         sharex=True,
         gridspec_kw={"height_ratios": [3, 2]},
@@ -368,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.hf_resume_sizes is None:
         args.hf_resume_sizes = args.resume_sizes
     args.recipe = args.recipe.resolve()
+    args.config = args.config.resolve()
     args.out = args.out.resolve()
     check_layout(args)
     ensure_sample_data()
@@ -403,7 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {
         "title": title(args),
         "config": {
-            "model": "llama3/debugmodel",
+            "model": "/".join(model_of(args.config)),
+            "job_config": portable(args.config, REPO),
             "steps": args.steps,
             "ckpt_step": args.ckpt_step,
             "ref_procs": args.ref_procs,
@@ -414,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
             "local_batch": args.local_batch,
             "warmup_steps": args.warmup_steps,
             "seed": args.seed,
-            "recipe": str(args.recipe),
+            "recipe": portable(args.recipe, REPO),
             "loaders": args.loaders,
         },
         "rows": [
@@ -435,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
                 "role": run.role,
                 "nproc": run.nproc,
                 "wall_s": round(run.wall_s, 2),
-                "dump": str(run.dump),
+                "dump": portable(run.dump, args.out),
                 "steps": [{"step": s, **run.steps[s]} for s in sorted(run.steps)],
             }
             for loader in refs

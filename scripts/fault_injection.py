@@ -97,12 +97,20 @@ def _args(fields: dict[str, Any]) -> list[str]:
 
 
 class Job:
-    """One `run_train.sh` launch in its own session, output to a log file."""
+    """One `run_train.sh` launch in its own session, output to a log file; `env`
+    adds launch settings (NNODES, RDZV_ENDPOINT...), `name` prefixes the log."""
 
-    def __init__(self, dump: Path, extra: dict[str, Any] | None = None, nproc: int = 2):
+    def __init__(
+        self,
+        dump: Path,
+        extra: dict[str, Any] | None = None,
+        nproc: int = 2,
+        env: dict[str, str] | None = None,
+        name: str = "run",
+    ):
         dump.mkdir(parents=True, exist_ok=True)
-        self.dump, self.log = dump, dump / f"run-{time.time_ns()}.log"
-        env = {**os.environ, "NGPU": str(nproc), "CUDA_VISIBLE_DEVICES": ""}
+        self.dump, self.log = dump, dump / f"{name}-{time.time_ns()}.log"
+        env = {**os.environ, "NGPU": str(nproc), "CUDA_VISIBLE_DEVICES": "", **(env or {})}
         args = _args({**BASE, **(extra or {}), "job.dump_folder": dump})
         self._out = open(self.log, "w")
         self.proc = subprocess.Popen(
@@ -182,14 +190,16 @@ def _steps_logged(dump: Path) -> int:
     return max(read_metrics(dump), default=0) if (dump / "metrics.jsonl").exists() else 0
 
 
-def _digests_ok(dump: Path, ref: dict[int, dict[str, Any]], first: int = 1) -> str | None:
-    """None if every step from `first` has the reference digest, once; else why not."""
+def _digests_ok(
+    dump: Path, ref: dict[int, dict[str, Any]], first: int = 1, last: int = STEPS
+) -> str | None:
+    """None if every step `first`..`last` has the reference digest, once; else why not."""
     lines = [json.loads(x) for x in (dump / "metrics.jsonl").read_text().splitlines() if x]
     steps = [r["step"] for r in lines if r["step"] >= first]
-    if sorted(steps) != list(range(first, STEPS + 1)):
+    if sorted(steps) != list(range(first, last + 1)):
         return f"metrics.jsonl steps {steps}"
     got = {r["step"]: r["digest"] for r in lines}
-    bad = [s for s in range(first, STEPS + 1) if got[s] != ref[s]["digest"]]
+    bad = [s for s in range(first, last + 1) if got[s] != ref[s]["digest"]]
     return f"digests differ at steps {bad}" if bad else None
 
 

@@ -82,6 +82,24 @@ def read_validation(dump: Path) -> dict[int, float]:
     return {int(r["step"]): float(r["val_loss"]) for r in _read_jsonl(dump / "validation.jsonl")}
 
 
+def data_digests(
+    steps: int,
+    seq_len: int,
+    global_batch: int,
+    recipe: Path = REPO / "train_configs" / "data" / "sample_mix.toml",
+    tokenizer: Path = REPO / "assets" / "tokenizer" / "tokenizer.json",
+) -> dict[int, str]:
+    """step -> the digest of its global batch, from the data alone (one rank reading
+    every lane): what every run of that recipe logs, whatever its process count."""
+    from zephon import ZephonLoader, global_batch_digest
+
+    loader = ZephonLoader(recipe, tokenizer, seq_len, global_batch, num_workers=0, prefetch=0)
+    try:
+        return {s: global_batch_digest(loader.next_batch().digests) for s in range(1, steps + 1)}
+    finally:
+        loader.close()
+
+
 def copy_checkpoint(src_dump: Path, step: int, dst_dump: Path) -> None:
     """Seed a new run folder with one step of another run's checkpoints."""
     name = Path("checkpoint") / f"step-{step}"
@@ -132,6 +150,15 @@ def render_results(path: Path, page: Callable[[dict[str, Any]], str]) -> int:
     path.with_suffix(".md").write_text(text)
     print(text, end="")
     return 0
+
+
+def results_args(doc: str) -> argparse.Namespace:
+    """The command line every results script shares: `--out` (the results folder) and
+    `--render JSON` (no runs: rewrite the page from the raw results)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--out", type=Path, default=REPO / "docs" / "results")
+    p.add_argument("--render", type=Path, default=None, help="no runs: results JSON -> .md")
+    return p.parse_args()
 
 
 def parse_sizes(text: str) -> list[int]:

@@ -1,5 +1,6 @@
 """scripts/elastic_resume_demo.py without training: its comparison, table and
-plot, from the committed raw results (docs/results/elastic_resume.json).
+plot, from the committed raw results (docs/results/elastic_resume.json, and
+elastic_resume_vlm.json: the vision-language model on the image-text sample).
 
 The resumes themselves are checked where they are cheaper: at the trainer level
 in test_train_elastic.py (Zephon at another process count) and
@@ -15,12 +16,18 @@ import json
 from pathlib import Path
 
 import elastic_resume_demo as demo
+import pytest
 
-RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results" / "elastic_resume.json"
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "docs" / "results" / "elastic_resume.json"
+# The vision-language model on the image-text sample (`--config`, Zephon only).
+VLM_RESULTS = REPO / "docs" / "results" / "elastic_resume_vlm.json"
 
 
-def committed_runs() -> tuple[dict, dict[str, demo.Run], dict[str, list[demo.Run]]]:
-    doc = json.loads(RESULTS.read_text())
+def committed_runs(
+    path: Path = RESULTS,
+) -> tuple[dict, dict[str, demo.Run], dict[str, list[demo.Run]]]:
+    doc = json.loads(path.read_text())
     refs: dict[str, demo.Run] = {}
     resumes: dict[str, list[demo.Run]] = {}
     for r in doc["runs"]:
@@ -33,8 +40,9 @@ def committed_runs() -> tuple[dict, dict[str, demo.Run], dict[str, list[demo.Run
     return doc, refs, resumes
 
 
-def test_rows_are_the_comparison_of_the_raw_digests() -> None:
-    doc, refs, resumes = committed_runs()
+@pytest.mark.parametrize("path", [RESULTS, VLM_RESULTS], ids=["llama3", "vlm"])
+def test_rows_are_the_comparison_of_the_raw_digests(path: Path) -> None:
+    doc, refs, resumes = committed_runs(path)
     k, total = doc["config"]["ckpt_step"], doc["config"]["steps"]
     rows = [demo.compare(refs[ld], run, k, total) for ld in refs for run in resumes[ld]]
     assert [
@@ -66,10 +74,12 @@ def test_a_differing_digest_is_found_and_located() -> None:
     assert row.matched == total - k - 2 and row.max_abs_dloss == float("inf")
 
 
-def test_plot_is_drawn_from_the_runs(tmp_path: Path) -> None:
-    doc, refs, resumes = committed_runs()
+@pytest.mark.parametrize("path", [RESULTS, VLM_RESULTS], ids=["llama3", "vlm"])
+def test_plot_is_drawn_from_the_runs(tmp_path: Path, path: Path) -> None:
+    doc, refs, resumes = committed_runs(path)
     cfg = doc["config"]
     args = argparse.Namespace(
+        config=REPO / cfg.get("job_config", demo.CONFIG),
         **{k: cfg[k] for k in ("steps", "ckpt_step", "ref_procs", "resume_sizes", "seq_len")},
         hf_resume_sizes=cfg["hf_resume_sizes"],
         global_batch=cfg["global_batch"],

@@ -190,3 +190,41 @@ def test_error_out_of_range(tmp_path: Path) -> None:
     path = write(tmp_path, "[lr_scheduler]\ndecay_ratio = 1.5\n")
     msg = error(["--job.config_file", path])
     assert "job.toml" in msg and "decay_ratio = 1.5" in msg and "[0, 1]" in msg
+
+
+def test_explicit_shape_tracks_what_the_user_set(tmp_path: Path) -> None:
+    """The recipe's first data phase may only disagree with values the user chose:
+    defaults are not choices, the config file and the command line are."""
+    assert load_job_config([]).explicit_shape() == ()
+    path = write(tmp_path, "[training]\nseq_len = 128\nsteps = 3\n")
+    cfg = load_job_config(["--job.config_file", path])
+    assert cfg.explicit_shape() == ("seq_len",)
+    assert cfg.set_by("training", "seq_len") == f"config file {path!r}"
+    assert cfg.set_by("training", "global_batch_size") is None
+    cfg = load_job_config(["--job.config_file", path, "--training.global_batch_size", "8"])
+    assert cfg.explicit_shape() == ("seq_len", "global_batch_size")
+    assert (
+        cfg.set_by("training", "global_batch_size") == "command line (--training.global_batch_size)"
+    )
+
+
+def test_micro_batch_in_rows_or_tokens(tmp_path: Path) -> None:
+    assert load_job_config([]).training.local_batch_tokens == 0
+    cfg = load_job_config(["--training.local_batch_tokens", "512"])
+    assert (cfg.training.local_batch_tokens, cfg.training.local_batch_size) == (512, 4)
+    # Both in the same place: one error naming both.
+    msg = error(["--training.local_batch_tokens", "512", "--training.local_batch_size", "2"])
+    assert "local_batch_tokens = 512" in msg and "local_batch_size = 2" in msg
+    assert "set one of them" in msg
+    both = write(tmp_path, "[training]\nlocal_batch_size = 2\nlocal_batch_tokens = 512\n")
+    assert "set one of them" in error(["--job.config_file", both])
+    # Across places the command line wins, like every other field.
+    rows = write(tmp_path, "[training]\nlocal_batch_size = 2\n", name="rows.toml")
+    cfg = load_job_config(["--job.config_file", rows, "--training.local_batch_tokens", "512"])
+    assert (cfg.training.local_batch_tokens, cfg.training.local_batch_size) == (512, 4)
+    assert cfg.set_by("training", "local_batch_size") is None
+    tokens = write(tmp_path, "[training]\nlocal_batch_tokens = 512\n", name="tokens.toml")
+    cfg = load_job_config(["--job.config_file", tokens, "--training.local_batch_size", "3"])
+    assert (cfg.training.local_batch_tokens, cfg.training.local_batch_size) == (0, 3)
+    msg = error(["--training.local_batch_tokens", "-1"])
+    assert "[training] local_batch_tokens = -1" in msg and "0 (off)" in msg

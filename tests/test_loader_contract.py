@@ -112,15 +112,25 @@ class FakeLoader:
 
     rank: int
     digests: list[bytes] = field(default_factory=list)
+    # Per coming batch: whether it starts a lane-count change (needs merged state).
+    lane_changes: list[bool] = field(default_factory=list)
+    loaded: list[dict[str, Any]] = field(default_factory=list)
+    state_calls: int = 0
 
     @property
     def source_names(self) -> tuple[str, ...]:
         return ("only",)
 
     def next_batch(self) -> FakeBatch | None:
+        if self.lane_changes:
+            self.lane_changes.pop(0)
         return FakeBatch(step=5, digests=self.digests)
 
+    def needs_merged_state(self) -> bool:
+        return bool(self.lane_changes) and self.lane_changes[0]
+
     def state_dict(self) -> dict[str, Any]:
+        self.state_calls += 1
         return {"rank": self.rank}
 
     def merge_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
@@ -130,7 +140,7 @@ class FakeLoader:
         pass
 
     def load_state(self, doc: dict[str, Any]) -> None:
-        pass
+        self.loaded.append(doc)
 
     def dropped_records(self) -> int | None:
         return self.rank + 1
@@ -157,6 +167,14 @@ def _rank_main(rank: int, world: int, init_file: str, out: str) -> None:
         result["global"] = glue.global_digest(batch)
         result["state"] = glue.gather_state()
         result["dropped"] = glue.bad_records_dropped()
+        # Lane-count changes before the 1st and 3rd batch: every rank loads the merged
+        # state; the 1st reuses the boundary checkpoint's gather, the 3rd gathers.
+        change = FakeLoader(rank, mine, lane_changes=[True, False, True])
+        glue = TrainDataLoader(change, dp_size=world)
+        glue.gather_state()  # the boundary checkpoint
+        for _ in range(3):
+            glue.next_batch()
+        result["handoff"] = {"loaded": change.loaded, "state_calls": change.state_calls}
         # The same three processes as tensor-parallel peers of one data-parallel
         # rank: equal digests pass, one peer with a digest fewer is caught.
         singles = [dist.new_group([r]) for r in range(world)]
@@ -197,6 +215,8 @@ def test_glue_collectives_with_a_different_number_of_digests_per_rank(tmp_path):
         assert got["global"] == global_batch_digest(flat)
         assert got["state"] == {"merged": [{"rank": r} for r in range(world)]}
         assert got["dropped"] == sum(r + 1 for r in range(world))
+        merged = {"merged": [{"rank": r} for r in range(world)]}
+        assert got["handoff"] == {"loaded": [merged, merged], "state_calls": 2}
         assert got["tp_equal"] == global_batch_digest(_digests(0, 3))
         assert "tensor-parallel peers received different batches at step 5" in (
             got["tp_unequal"] or ""

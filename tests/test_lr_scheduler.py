@@ -1,29 +1,43 @@
+from typing import NamedTuple
+
 import pytest
 import torch
 
-from torchtitan.components.lr_scheduler import build_lr_scheduler
+from torchtitan.components.lr_scheduler import build_lr_scheduler, lr_of_step
 from torchtitan.components.optimizer import build_optimizer
-from torchtitan.config.job_config import LRSchedulerConfig, OptimizerConfig
+from torchtitan.config.job_config import ConfigError, LRSchedulerConfig, OptimizerConfig
 
 LR = 1e-3
 
 
-def make(total: int = 100, **kw: object) -> tuple[torch.optim.Optimizer, object]:
+class Phase(NamedTuple):
+    name: str | None
+    start_step: int
+    end_step: int | None
+
+
+# A recipe's data phases: the anneal is steps 71..90 of 100.
+PHASES = (Phase("warmup", 0, 10), Phase("main", 10, 70), Phase("anneal", 70, 90),
+          Phase("cooldown", 90, None))  # fmt: skip
+
+
+def make(total: int = 100, phases=(), **kw: object) -> tuple[torch.optim.Optimizer, object]:
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
     opt = build_optimizer(model, OptimizerConfig(lr=LR))
     cfg = LRSchedulerConfig(warmup_steps=5, decay_ratio=0.2, min_lr_factor=0.1)
     for k, v in kw.items():
         setattr(cfg, k, v)
-    return opt, build_lr_scheduler(opt, cfg, total)
+    return opt, build_lr_scheduler(opt, cfg, total, phases)
 
 
-def lrs(total: int = 100, **kw: object) -> list[float]:
-    opt, sched = make(total, **kw)
+def lrs(total: int = 100, phases=(), **kw: object) -> list[float]:
+    opt, sched = make(total, phases, **kw)
     out = []
-    for _ in range(total):
+    for step in range(1, total + 1):
         out.append(opt.param_groups[0]["lr"])  # lr used by this training step
         opt.step()
         sched.step()
+        assert lr_of_step(sched, step) == pytest.approx(out[-1])  # what the trainer logs
     return out
 
 
@@ -80,3 +94,34 @@ def test_optimizer_groups() -> None:
     assert decay["weight_decay"] == 0.1 and [p.ndim for p in decay["params"]] == [2]
     assert no_decay["weight_decay"] == 0.0 and len(no_decay["params"]) == 3
     assert decay["betas"] == (0.9, 0.95)
+
+
+def test_decay_spans_the_named_phase() -> None:
+    """decay_phase = "anneal": stable until the anneal's first step (71), decaying over
+    exactly its 20 steps to the floor at its last (90), held after it."""
+    seq = lrs(phases=PHASES, decay_phase="anneal")
+    assert all(x == pytest.approx(LR) for x in seq[5:70])
+    assert seq[70] == pytest.approx(LR * (1 - 0.9 / 20))  # step 71 decays already
+    assert all(a > b for a, b in zip(seq[70:90], seq[71:90], strict=False))
+    assert seq[89] == pytest.approx(0.1 * LR)
+    assert all(x == pytest.approx(0.1 * LR) for x in seq[89:])
+    # The last phase decays until training.steps.
+    seq = lrs(phases=PHASES, decay_phase="cooldown", decay_type="cosine")
+    assert seq[89] == pytest.approx(LR) and seq[99] == pytest.approx(0.1 * LR)
+    assert seq[94] == pytest.approx(LR * (0.1 + 0.9 * 0.5))
+
+
+@pytest.mark.parametrize(
+    ("phases", "total", "name", "expected"),
+    [
+        (PHASES, 100, "anneel", "names no phase of the data recipe (its phases: 'warmup', 'main'"),
+        ((Phase(None, 0, None),), 100, "anneal", "it has no [[phase]] tables"),
+        (PHASES, 100, "warmup", "inside the warmup (lr_scheduler.warmup_steps = 5)"),
+        (PHASES, 60, "anneal", "starts after step 70, but training.steps is 60"),
+    ],
+)
+def test_decay_phase_errors_name_the_phase(phases, total, name, expected) -> None:
+    with pytest.raises(ConfigError) as exc:
+        make(total, phases, decay_phase=name)
+    assert f"lr_scheduler.decay_phase = {name!r}" in str(exc.value)
+    assert expected in str(exc.value)

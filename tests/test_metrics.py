@@ -72,7 +72,9 @@ def test_jsonl_written_and_appended(tmp_path: Path) -> None:
         "step_time_s",
         "data_wait_s",
         "digest",
+        "time",
     }
+    assert rows[0]["time"] <= rows[2]["time"]  # wall clock: when each step was logged
     assert rows[0]["loss"] == 7.25 and rows[0]["tokens_per_s"] == 4096.0
     assert rows[0]["digest"] == "0123456789abcdef0123456789abcdef"
     assert rows[1]["loss"] is None

@@ -85,3 +85,41 @@ def test_wandb_offline_run_is_written(tmp_path: Path) -> None:
     for key in (b"train/loss", b"train/source_tokens/prose", b"train/source_docs/code",
                 b"validation/loss"):  # fmt: skip
         assert key in record
+
+
+def test_phase_mixture_is_summed_over_the_phase_and_survives_a_resume(tmp_path: Path) -> None:
+    """With data phases each record carries its phase, the scheduled shares and the
+    realised shares over the phase so far; a logger opened on the same file (a
+    resume) continues the phase's sums, and a new phase starts its own."""
+    from torchtitan.components.source_metrics import mixture_rows
+
+    path = tmp_path / "metrics.jsonl"
+    target = {"prose": 0.5, "code": 0.5}
+    steps = [(1, "main", 600, 400), (2, "main", 400, 600), (3, "main", 200, 800),
+             (4, "anneal", 900, 100)]  # fmt: skip
+
+    def log(ml: MetricsLogger, step: int, phase: str, prose: int, code: int) -> str:
+        return ml.log(_step(step, phase=phase, scheduled_shares=target,
+                            source_tokens={"prose": prose, "code": code}))  # fmt: skip
+
+    with MetricsLogger(jsonl_path=str(path)) as ml:
+        for s in steps[:2]:
+            line = log(ml, *s)
+    assert (
+        "phase main | mix prose 40% code 60% | main so far prose 50% code 50% (target 50% 50%)"
+        in line
+    )
+    with MetricsLogger(jsonl_path=str(path)) as ml:  # resumed after step 2
+        for s in steps[2:]:
+            log(ml, *s)
+    records = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [r["phase"] for r in records] == ["main", "main", "main", "anneal"]
+    assert records[2]["phase_shares"] == {"prose": 0.4, "code": 0.6}  # 1200 / 3000 since step 1
+    assert records[3]["phase_shares"] == {"prose": 0.9, "code": 0.1}  # the anneal's own
+    rows = mixture_rows(records)
+    assert [(r.step, r.phase) for r in rows] == [(s[0], s[1]) for s in steps]
+    assert rows[2].realised == {"prose": 0.2, "code": 0.8} and rows[2].scheduled == target
+    # A recipe without phases: records as before.
+    with MetricsLogger(jsonl_path=str(tmp_path / "plain.jsonl")) as ml:
+        assert "phase" not in ml.log(_step(1))
+    assert "phase" not in json.loads((tmp_path / "plain.jsonl").read_text())

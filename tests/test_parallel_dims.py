@@ -49,5 +49,6 @@ def test_tensor_parallel_checks_the_model_shape():
 def test_degrees_are_range_checked():
     with pytest.raises(ConfigError, match=r"tensor_parallel_degree = 0 is invalid"):
         load_job_config(["--parallelism.tensor_parallel_degree", "0"])
-    with pytest.raises(ConfigError, match=r"data_parallel_replicate_degree = -1 is invalid"):
-        load_job_config(["--parallelism.data_parallel_replicate_degree", "-1"])
+    # -1 is one replica per node (tests/test_unattended.py); other negatives are refused.
+    with pytest.raises(ConfigError, match=r"data_parallel_replicate_degree = -2 is invalid"):
+        load_job_config(["--parallelism.data_parallel_replicate_degree", "-2"])

@@ -20,9 +20,12 @@ import bench_index
 import bench_scale
 import bench_throughput
 import elastic_resume_demo
+import elastic_scenarios
 import fault_injection
 import gpu_count_sensitivity
 import mesh_resume_matrix
+import phases_demo
+import preempt_save_time
 import pytest
 import two_node_resume
 import uneven_resume
@@ -37,9 +40,15 @@ PAGES: dict[str, Callable[[Any], str]] = {
     "bench_scale": bench_scale.render,
     "bench_throughput": bench_throughput.render,
     "elastic_resume": lambda doc: f"{doc['title']}\n\n{elastic_resume_demo.markdown_table(doc)}\n",
+    "elastic_resume_vlm": lambda doc: (
+        f"{doc['title']}\n\n{elastic_resume_demo.markdown_table(doc)}\n"
+    ),
+    "elastic_scenarios": elastic_scenarios.report,
     "fault_injection": fault_injection.report,
     "gpu_count_sensitivity": gpu_count_sensitivity.markdown,
     "mesh_resume_matrix": mesh_resume_matrix.page,
+    "phases_demo": phases_demo.page,
+    "preempt_save_time": preempt_save_time.report,
     "two_node_resume": two_node_resume.page,
     "uneven_resume": uneven_resume.page,
 }
@@ -75,6 +84,8 @@ def readme_block(marker: str) -> str:
         ("bench_scale", bench_scale.render),
         ("fault_injection", lambda doc: fault_injection.table(doc["results"]) + "\n"),
         ("gpu_count_sensitivity", gpu_count_sensitivity.readme_summary),
+        ("phases_demo", phases_demo.table),
+        ("elastic_scenarios", elastic_scenarios.readme_summary),
     ],
 )
 def test_readme_figures_are_generated(marker: str, summary: Callable[[Any], str]) -> None:
@@ -90,6 +101,7 @@ def test_render_commands_rewrite_the_page(tmp_path: Path) -> None:
         "elastic_resume": elastic_resume_demo.render,
         "fault_injection": fault_injection.render,
         "gpu_count_sensitivity": gpu_count_sensitivity.publish,
+        "phases_demo": phases_demo.publish,
     }
     for name, render in entry.items():
         copy = tmp_path / f"{name}.json"
@@ -97,4 +109,5 @@ def test_render_commands_rewrite_the_page(tmp_path: Path) -> None:
         assert render(copy) == 0
         assert copy.with_suffix(".md").read_text() == (RESULTS / f"{name}.md").read_text()
     assert (tmp_path / "gpu_count_sensitivity_val_loss.png").stat().st_size > 10_000
+    assert (tmp_path / "phases_demo_curves.png").stat().st_size > 10_000
     assert (REPO / "README.md").read_text() == readme

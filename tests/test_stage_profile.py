@@ -10,16 +10,21 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+from train_helpers import ensure_sample_data
 from zephon_helpers import step_digests
 
 from zephon import ZephonLoader, production, scheduler, stage_profile
 from zephon import planner as planner_module
+from zephon.images import work
 from zephon.packing import RowBuilder
 from zephon.sources import jsonl
 from zephon.sources.storage import LocalObject
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 
 # Fake CPU charged per call of one function of each stage (distinct powers of ten,
 # so a call charged to the wrong stage cannot add up to the right total).
@@ -31,6 +36,7 @@ CHARGES = {
     "convert": 10**9,  # encodings -> id arrays
     "pack": 10**2,  # RowBuilder.build, per row
     "assemble": 10**4,  # the digest of a lane's rows
+    "image": 10**11,  # decoding one image
 }
 
 
@@ -73,12 +79,13 @@ def test_each_stage_is_charged_with_its_own_work(make_recipe, tokenizer_path, mo
     assert ld.profile is not None
     snap = ld.profile.snapshot()
 
-    assert all(cpu.calls[s] > 0 for s in CHARGES), cpu.calls
+    text = [s for s in CHARGES if s != "image"]  # a text recipe: no image stage
+    assert all(cpu.calls[s] > 0 for s in text), cpu.calls
     charged = dict(snap["cpu_ns"])
     charged["tokenize"] -= snap["native_tokenize_ns"]  # the native pool's real CPU, read apart
-    expected = {s: cpu.calls[s] * CHARGES[s] for s in CHARGES}
-    assert {s: charged[s] for s in CHARGES} == expected
-    assert charged["other"] == charged["wait"] == 0
+    expected = {s: cpu.calls[s] * CHARGES[s] for s in text}
+    assert {s: charged[s] for s in text} == expected
+    assert charged["other"] == charged["wait"] == charged["image"] == 0
     assert snap["total_cpu_ns"] == sum(expected.values()) + snap["native_tokenize_ns"]
     assert snap["native_tokenize_ns"] > 0  # the tokenizer's own threads, from /proc
     assert snap["tokens"] == delivered
@@ -120,3 +127,36 @@ def test_breakdown_adds_up_to_the_process_cpu(make_recipe, tokenizer_path, worke
     assert snap["total_cpu_ns"] == sum(snap["cpu_ns"].values())
     # The test's own work between batches is the only process CPU outside the stages.
     assert 0.8 * snap["process_cpu_ns"] <= snap["total_cpu_ns"] <= 1.02 * snap["process_cpu_ns"]
+
+
+def test_image_decoding_is_charged_to_image_and_text_never_enters_it(
+    make_recipe, tokenizer_path, tmp_path, monkeypatch
+):
+    """Decoding images is the image stage's, only there; a text-only run never
+    enters it; and the profile changes no byte of a batch with images."""
+    ensure_sample_data()
+    monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "img.toml"
+    path.write_text(
+        '[recipe]\nname = "img"\nseed = 7\nlanes = 4\n[packing]\nalgorithm = "best_fit"\n'
+        "[shuffle]\nblock_size = 16\n"
+        "[image]\npatch_size = 8\nmerge = 2\nmin_pixels = 1024\nmax_pixels = 16384\n"
+        f'[[source]]\nname = "captions"\npath = "{SAMPLE}/images/*.tar"\nweight = 0.5\n'
+        f'[[source]]\nname = "prose"\npath = "{SAMPLE}/prose/*.jsonl"\nweight = 0.5\n'
+    )
+    cpu = FakeCPU()
+    monkeypatch.setattr(stage_profile, "_thread_cpu_ns", cpu.now)
+    monkeypatch.setattr(work, "prepare_image", cpu.wrap("image", work.prepare_image))
+    runs = {}
+    for on in (False, True):
+        cpu.calls.clear()
+        with ZephonLoader(path, tokenizer_path, 96, 8, num_workers=2, profile=on) as ld:
+            runs[on] = step_digests([ld], 4)
+    snap = ld.profile.snapshot()
+    assert cpu.calls["image"] > 0
+    assert snap["cpu_ns"]["image"] == cpu.calls["image"] * CHARGES["image"]
+    assert runs[True] == runs[False]
+
+    with ZephonLoader(make_recipe(workers=2), tokenizer_path, 64, 16, profile=True) as ld:
+        step_digests([ld], 4)
+        assert ld.stats()["profile"]["cpu_ns"]["image"] == 0

@@ -5,11 +5,20 @@ from __future__ import annotations
 import re
 
 import pytest
-from train_helpers import copy_checkpoint, ensure_sample_data, metrics, ok, run_train_sh, torchrun
+from train_helpers import (
+    copy_checkpoint,
+    ensure_sample_data,
+    metrics,
+    ok,
+    phase_recipe,
+    run_train_sh,
+    torchrun,
+)
 
 from torchtitan.config.job_config import load_job_config
-from torchtitan.datasets.dataloader import check_startup
-from zephon import LayoutError
+from torchtitan.datasets.dataloader import check_data_startup, check_phases, check_startup
+from torchtitan.datasets.schedule import DataSchedule
+from zephon import LayoutError, RecipeError
 
 
 def _cfg(*overrides: str):
@@ -71,6 +80,84 @@ def test_hf_layout_check():
     # The hf baseline keeps requiring G % D where Zephon would pad.
     with pytest.raises(LayoutError, match="the hf baseline splits the global batch evenly"):
         check_startup(_cfg("--data.loader", "hf"), 3, lanes=None, max_seq_len=2048)
+
+
+def _phase_plan(tmp_path, *overrides: str):
+    """The tiny phase recipe (ramp 8 -> 16 rows, seq_len 32 -> 64, lanes 4 -> 8 at
+    step 6) with the job's own shape agreeing with its first phase."""
+    ensure_sample_data()
+    recipe = phase_recipe(tmp_path)
+    cfg = load_job_config(["--data.recipe", str(recipe), "--training.seq_len", "32",
+                           "--training.global_batch_size", "8", *overrides])  # fmt: skip
+    return cfg, DataSchedule.from_config(cfg)
+
+
+def test_every_phase_still_to_come_is_checked_at_the_start_or_resume_step(tmp_path):
+    """Each phase not finished at the start (or resume) step is checked for this
+    data-parallel size with its own micro-batch rows and the allowed idle share;
+    phases already finished are not, so a resume past a phase that does not fit
+    this size is accepted."""
+    cfg, plan = _phase_plan(tmp_path, "--training.local_batch_tokens", "64",
+                            "--parallelism.max_idle_share", "0.2")  # fmt: skip
+    layouts = check_phases(cfg, plan, 2, 0, 2048)
+    assert list(layouts) == ["ramp", "main", "long", "anneal"]
+    # 64 tokens per micro-batch: 2 rows of 32, then 1 row of 64.
+    assert [layouts[n].micro_batch_size for n in layouts] == [2, 2, 1, 1]
+    assert [layouts[n].micro_steps for n in layouts] == [2, 4, 8, 8]
+    # On 3 ranks the 4-lane phases pad a third of their rows; the 8-lane one 11%.
+    with pytest.raises(LayoutError) as exc:
+        check_phases(cfg, plan, 3, 0, 2048)
+    for text in ("phase 'ramp' (from step 0)", "33.3% of the compute idles",
+                 "more than the allowed 20.0%", "training.local_batch_tokens=64",
+                 "data-parallel size=3", "phases checked from step 0"):  # fmt: skip
+        assert text in str(exc.value)
+    with pytest.raises(LayoutError, match="phase 'long' \\(from step 4\\)"):
+        check_phases(cfg, plan, 3, 4, 2048)  # resumed at the long phase's boundary
+    assert list(check_phases(cfg, plan, 3, 6, 2048)) == ["anneal"]
+
+
+def test_phase_shapes_are_checked_against_the_model_and_the_micro_batch(tmp_path):
+    cfg, plan = _phase_plan(tmp_path)
+    with pytest.raises(LayoutError) as exc:
+        check_phases(cfg, plan, 2, 0, 48)
+    assert "phase 'long' (from step 4): seq_len 64 exceeds the model's limit of 48" in str(
+        exc.value
+    )
+    cfg, plan = _phase_plan(tmp_path, "--training.local_batch_tokens", "96")
+    with pytest.raises(LayoutError) as exc:
+        check_phases(cfg, plan, 2, 0, 2048)
+    expected = "phase 'long' (from step 4): micro_batch_tokens 96 is not a whole number of rows"
+    assert f"{expected} of seq_len 64" in str(exc.value)
+    assert "training.local_batch_tokens=96" in str(exc.value)
+
+
+def test_recipe_and_job_agree_on_the_first_phase_shape(tmp_path):
+    """The recipe owns the schedule: a job value left at its default gives way to the
+    first phase's; one the user set on purpose must agree, or one error names both
+    and where the job's came from."""
+    ensure_sample_data()
+    recipe = str(phase_recipe(tmp_path))
+    plan = DataSchedule.from_config(load_job_config(["--data.recipe", recipe]))
+    assert (plan.phases[0].seq_len, plan.phases[0].global_batch_size) == (32, 8)
+    with pytest.raises(RecipeError) as exc:
+        DataSchedule.from_config(_cfg("--data.recipe", recipe, "--training.global_batch_size", "8"))
+    assert "phase 'ramp' sets seq_len = 32 but the job sets seq_len = 256" in str(exc.value)
+    assert "training.seq_len from config file 'train_configs/llama3_debugmodel.toml'" in str(
+        exc.value
+    )
+
+
+def test_hf_baseline_refuses_a_phase_shape_it_would_not_follow(tmp_path):
+    """The hf baseline reads the job's shape: a one-phase recipe that sets another one
+    is refused rather than silently ignored."""
+    ensure_sample_data()
+    one = '[[phase]]\nname = "only"\nstart_step = 0\nseq_len = 32\nweights = { prose = 1.0 }\n'
+    cfg = load_job_config(["--data.recipe", str(phase_recipe(tmp_path, one)),
+                           "--data.loader", "hf"])  # fmt: skip
+    with pytest.raises(LayoutError) as exc:
+        check_data_startup(cfg, 2, 2048, DataSchedule.from_config(cfg))
+    assert "phase 'only' sets seq_len 32 and global batch size 32" in str(exc.value)
+    assert "the job's training.seq_len 256" in str(exc.value)
 
 
 @pytest.mark.slow

@@ -77,3 +77,54 @@ def logged_steps(dump: Path, name: str = "metrics.jsonl") -> list[int]:
     path = dump / name
     lines = path.read_text().splitlines() if path.is_file() else []
     return [int(json.loads(line)["step"]) for line in lines if line.strip()]
+
+
+# A tiny phase recipe on the sample data: a batch-size ramp (8 -> 16 rows), a
+# seq_len change (32 -> 64), then a new mixture with a source used for the first
+# time and a lane-count change (4 -> 8). Boundary checkpoints: steps 2, 4 and 6.
+PHASE_STEPS = 8
+PHASE_NAMES = ["ramp"] * 2 + ["main"] * 2 + ["long"] * 2 + ["anneal"] * 2
+PHASE_SHAPES = [(8, 32)] * 2 + [(16, 32)] * 2 + [(16, 64)] * 4  # (global batch, seq_len)
+PHASES = """
+[[phase]]
+name = "ramp"
+start_step = 0
+global_batch_size = 8
+seq_len = 32
+weights = { prose = 0.7, code = 0.3 }
+
+[[phase]]
+name = "main"
+start_step = 2
+global_batch_size = 16
+
+[[phase]]
+name = "long"
+start_step = 4
+seq_len = 64
+
+[[phase]]
+name = "anneal"
+start_step = 6
+lanes = 8
+weights = { prose = 0.3, code = 0.2, curated = 0.5 }
+"""
+
+
+def phase_recipe(folder: Path, phases: str = PHASES) -> Path:
+    """Write the tiny phase recipe (absolute paths to the sample data) into `folder`."""
+    data = REPO / "data" / "sample"
+    sources = [("prose", "prose/part-0000[0-2].jsonl"), ("code", "code/*.jsonl.gz"),
+               ("curated", "prose/part-00003.jsonl")]  # fmt: skip
+    text = (
+        '[recipe]\nname = "tiny-phases"\nseed = 1234\nlanes = 4\n\n'
+        '[mixture]\nunit = "tokens"\non_exhausted = "repeat"\n\n'
+        '[shuffle]\nblock_size = 64\n\n[packing]\nalgorithm = "concat"\nflush_interval = 8\n\n'
+        "[execution]\nworkers = 1\nprefetch = 1\n\n"
+        + "".join(f'[[source]]\nname = "{n}"\npath = "{data / p}"\n\n' for n, p in sources)
+        + phases
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "phases.toml"
+    path.write_text(text)
+    return path

@@ -3,7 +3,10 @@
 One process per device, on a (dp_replicate, dp_shard, tp) device mesh: FSDP2
 or HSDP over the data-parallel dimensions, optionally tensor parallelism inside.
 The loss is normalised by the valid tokens of the whole global batch, so
-neither the mesh nor the micro-batch size changes what is optimised.
+neither the mesh nor the micro-batch size changes what is optimised. The
+recipe's data phases set each step's shape (`datasets/schedule.py`): rows per
+rank, seq_len and micro-batches follow them; a checkpoint is written at every
+phase boundary, and the LR decay may span a phase.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ from torchtitan.components.checkpoint.manager import (
     read_loader_state,
     resume_step,
 )
+from torchtitan.components.divergence import DivergenceGuard, clip_grads, fold_loss_into_grads
 from torchtitan.components.flops import model_flops_utilisation
 from torchtitan.components.initial_load import initial_model_args, load_initial
 from torchtitan.components.loss import cross_entropy_sum
-from torchtitan.components.lr_scheduler import build_lr_scheduler
+from torchtitan.components.lr_scheduler import build_lr_scheduler, decay_window, lr_of_step
 from torchtitan.components.metrics import (
     MetricsLogger,
     StepMetrics,
@@ -36,15 +40,18 @@ from torchtitan.components.metrics import (
     trim_logs_to_start,
 )
 from torchtitan.components.optimizer import build_optimizer
-from torchtitan.components.source_metrics import global_source_counts
+from torchtitan.components.source_metrics import global_source_counts, scheduled_shares
+from torchtitan.components.validation import validation_loss
 from torchtitan.config.job_config import ConfigError, JobConfig, load_job_config
 from torchtitan.datasets.dataloader import TrainDataLoader, check_data_startup
+from torchtitan.datasets.schedule import DataSchedule, micro_rows
 from torchtitan.distributed.device_io import to_device
 from torchtitan.distributed.mesh import ParallelDims, ParallelMesh
 from torchtitan.distributed.utils import DistInfo, exit_process, init_distributed
 from torchtitan.models import get_model_spec
 from torchtitan.models.spec import count_parameters
-from torchtitan.runtime.guard import JobGuard, fail_before_start, set_phase
+from torchtitan.runtime.agreement import StepAgreement, agree
+from torchtitan.runtime.guard import JobGuard, fail_before_start, set_phase, stop_requests
 from zephon import load_tokenizer
 
 logger = logging.getLogger("torchtitan")
@@ -68,7 +75,7 @@ class Trainer:
     def __init__(self, cfg: JobConfig, dist_info: DistInfo):
         self.cfg, self.info = cfg, dist_info
         t = cfg.training
-        dims = ParallelDims.from_config(cfg.parallelism, dist_info.world_size)
+        dims = ParallelDims.from_config(cfg.parallelism, dist_info.world_size, dist_info.nodes)
         self.dp, self.rank, self.device = dims.dp, dist_info.rank, dist_info.device
         if t.deterministic:
             if self.device.type == "cuda":
@@ -82,14 +89,20 @@ class Trainer:
             initial_model_args(cfg, tok.vocab_size),
             attention_impl=_attention_impl(cfg.model.attention_impl, self.device),
         )
-        self.spec.check_parallelism(self.model_args, dims, t.seq_len)
+        # The data schedule, checked from the step this run starts at: every phase
+        # still to come, for this mesh, before anything is built.
+        self.resume_from = resume_step(cfg.checkpoint, cfg.job.dump_folder)
+        start = self.resume_from or 0
+        self.plan = DataSchedule.from_config(cfg)
+        for seq_len in sorted({p.seq_len for p in self.plan.unfinished(start)}):
+            self.spec.check_parallelism(self.model_args, dims, seq_len)
         dp = dims.dp
-        self.layout = check_data_startup(cfg, dp, self.model_args.max_seq_len)
+        self.layouts = check_data_startup(cfg, dp, self.model_args.max_seq_len, self.plan, start)
+        decay_window(cfg.lr_scheduler, max(t.steps, 1), self.plan.phases)  # checked now
         self.mesh = ParallelMesh(dims, self.device.type)
         self.data = self._loader()
 
         # Refuse an incompatible resume before paying for the model.
-        self.resume_from = resume_step(cfg.checkpoint, cfg.job.dump_folder)
         resume_doc: dict[str, Any] | None = None
         if self.resume_from is not None:
             resume_doc = read_loader_state(cfg.checkpoint, cfg.job.dump_folder, self.resume_from)
@@ -97,10 +110,14 @@ class Trainer:
 
         self.model = self._build_model()
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
-        self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, max(t.steps, 1))
-        self.ckpt = CheckpointManager(
-            cfg.checkpoint, cfg.job.dump_folder, self.model, self.optimizer, self.lr_scheduler
+        self.lr_scheduler = build_lr_scheduler(
+            self.optimizer, cfg.lr_scheduler, max(t.steps, 1), self.plan.phases
         )
+        self.ckpt = CheckpointManager(
+            cfg.checkpoint, cfg.job.dump_folder, self.model, self.optimizer, self.lr_scheduler,
+            boundaries=self.plan.boundaries(),
+        )  # fmt: skip
+        self.divergence = DivergenceGuard(t.max_nonfinite_steps, log=self.rank == 0)
         self.step = 0
         if self.resume_from is not None and resume_doc is not None:
             self.step = self.ckpt.load(self.resume_from)
@@ -159,12 +176,13 @@ class Trainer:
         return model
 
     def _forward_backward(self, batch: Any, n_valid_global: int) -> torch.Tensor:
-        """Accumulate gradients over micro-batches; returns this rank's loss sum.
+        """Accumulate gradients over micro-batches (the rows of the step's phase);
+        returns this rank's loss sum.
 
         By default FSDP reduce-scatters after every micro-batch, so each rank only
         ever holds sharded gradients; `parallelism.defer_grad_sync` reduces once, on
         the last micro-batch, at the cost of unsharded gradients meanwhile."""
-        micro = batch.micro_batches(self.cfg.training.local_batch_size)
+        micro = batch.micro_batches(self.plan.micro_rows(self.plan.phase_at(self.step)))
         defer = self.cfg.parallelism.defer_grad_sync
         loss_total = torch.zeros((), device=self.device)
         # FSDP averages gradients over data-parallel ranks; scaling by dp makes the
@@ -180,77 +198,66 @@ class Trainer:
         return loss_total
 
     def train_step(self, batch: Any, n_valid: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step; returns (this rank's loss sum, gradient norm) as
-        tensors, reduced and read only when logged (`_global_loss`)."""
+        """One optimizer step; returns (this rank's loss sum, gradient norm). The
+        loss is reduced only when logged (`_global_loss`); the norm, reduced over the
+        whole mesh, decides whether the update is applied (divergence.py)."""
         loss_sum = self._forward_backward(batch, n_valid)
+        params = list(self.model.parameters())
+        fold_loss_into_grads(loss_sum, params)
         # Every gradient is a DTensor on the same mesh (FSDP x TP), so the norm
         # is taken across both.
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.cfg.training.max_norm, foreach=True
-        )
-        self.optimizer.step()
-        self.lr_scheduler.step()
+        grad_norm = clip_grads(params, self.cfg.training.max_norm)
+        if self.divergence.update_ok(self.step, float(grad_norm.item())):
+            self.optimizer.step()
+        self.lr_scheduler.step()  # a skipped step is still a step of the schedule
         self.optimizer.zero_grad(set_to_none=True)
+        if self.divergence.should_stop():
+            raise self.divergence.stop_error(self.step, self.ckpt.newest_finite())
         return loss_sum, grad_norm
 
-    def _batch_counts(self, batch: Any) -> tuple[bool, int]:
-        """Collective, one all-reduce over the data-parallel group: whether every
-        rank has a batch, and the global batch's valid (non-ignored) tokens."""
-        local = [1.0, float(batch.num_valid_tokens())] if batch is not None else [0.0, 0.0]
-        counts = torch.tensor(local, dtype=torch.float64, device=self.device)
-        dist.all_reduce(counts, group=self.mesh.dp_group)
-        have, n_valid = counts.tolist()
-        return int(have) == self.dp, int(n_valid)
+    def _batch_counts(self, batch: Any, stop: bool = False) -> StepAgreement:
+        """Collective, the one all-reduce of every step (see runtime/agreement.py)."""
+        n_valid = batch.num_valid_tokens() if batch is not None else None
+        return agree(n_valid, stop, self.mesh.dims.tp, self.device)
 
     def _global_loss(self, loss_sum: torch.Tensor, n_valid: int) -> float:
         """Collective: the global batch's mean token loss (called at log steps only)."""
         dist.all_reduce(loss_sum, group=self.mesh.dp_group)
         return float(loss_sum.item()) / max(n_valid, 1)
 
-    @torch.no_grad()
     def validate(self) -> float:
         """Loss over the validation recipe, the same batches for every rank count."""
         cfg = self.cfg
-        val = self._loader(cfg.validation.recipe)
-        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
-        n = 0
-        try:
-            while cfg.validation.steps < 0 or n < cfg.validation.steps:
-                batch = val.next_batch()
-                if not self._batch_counts(batch)[0]:
-                    break
-                for mb in batch.micro_batches(cfg.training.local_batch_size):
-                    logits = self.model(**self.spec.inputs(mb, self.device))
-                    loss_sum, n_valid = cross_entropy_sum(logits, to_device(mb.labels, self.device))
-                    totals[0] += loss_sum.double()
-                    totals[1] += n_valid.double()
-                n += 1
-        finally:
-            val.close()
-        dist.all_reduce(totals, group=self.mesh.dp_group)
-        return float(totals[0] / totals[1].clamp(min=1))
+        t = cfg.training  # validation keeps the job's own shape, whatever the phase
+        rows = micro_rows(t.local_batch_size, t.local_batch_tokens or None, t.seq_len)
+        return validation_loss(
+            self.model, self.spec.inputs, self._loader(cfg.validation.recipe), rows,
+            cfg.validation.steps, lambda b: self._batch_counts(b).have_all, self.device,
+            self.mesh.dp_group,
+        )  # fmt: skip
 
     def run(self) -> int:
         cfg = self.cfg
         steps = cfg.training.steps
+        first = self.plan.phase_at(self.step + 1)
         logger.info(
             f"training steps {self.step + 1}..{steps} on {self.mesh.describe()}, device "
-            f"{self.device.type}/{self.info.backend}, global batch {cfg.training.global_batch_size}"
-            f" x {cfg.training.seq_len} tokens, micro-batch {cfg.training.local_batch_size}"
+            f"{self.device.type}/{self.info.backend}, global batch {first.global_batch_size}"
+            f" x {first.seq_len} tokens, micro-batch {self.plan.micro_rows(first)}"
         )
-        if self.layout is not None:
-            logger.info(f"data layout {self.layout.describe()}")
-            if note := self.layout.imbalance():
-                logger.info(f"{note} (refuse above parallelism.max_idle_share)")
+        for line in self.plan.report(self.layouts, self.step):
+            logger.info(line)
         val_freq = cfg.validation.freq
+        stops = stop_requests()
         while self.step < steps:
             t0 = time.perf_counter()
             set_phase("data", self.step + 1)
             batch = self.data.next_batch()
             data_wait = time.perf_counter() - t0
             set_phase("collective", self.step + 1)
-            have, n_valid = self._batch_counts(batch)
-            if not have:
+            agreed = self._batch_counts(batch, stops is not None and stops.requested())
+            n_valid, stop = agreed.n_valid, agreed.stop
+            if not agreed.have_all:
                 logger.info(f"data exhausted after step {self.step}; stopping")
                 break
             self.step += 1
@@ -262,16 +269,30 @@ class Trainer:
             loss_sum, grad_norm = self.train_step(batch, n_valid)
             if log_now:
                 self._log_step(batch, loss_sum, grad_norm, n_valid, t0, data_wait, digest)
+            if stop and stops is not None and self.step < steps:  # agreed: save it, exit
+                set_phase("save", self.step)
+                return stops.finish(self.step, self._save_for_stop())
             if cfg.validation.enable and val_freq > 0 and self.step % val_freq == 0:
                 self._log_validation()
             if self.ckpt.should_save(self.step, steps):
                 set_phase("save", self.step)
-                self.ckpt.save(self.step, self.data.gather_state)
+                self.ckpt.save(self.step, self.data.gather_state, self.divergence.last_finite)
         self.ckpt.wait()  # an asynchronous save still in flight becomes a resume point
         if cfg.validation.enable and (val_freq <= 0 or self.step % val_freq):
             self._log_validation()
         logger.info(f"training done at step {self.step}")
         return 0
+
+    def _save_for_stop(self) -> tuple[str, float] | None:
+        """Collective: save and verify the current step; (folder, seconds) or None."""
+        t0 = time.perf_counter()
+        if not self.cfg.checkpoint.enable:
+            return None
+        finite = self.divergence.last_finite
+        if not self.ckpt.save(self.step, self.data.gather_state, finite, wait=True):
+            return None
+        self.ckpt.verify(self.step)
+        return self.ckpt.step_dir(self.step), time.perf_counter() - t0
 
     def _log_step(
         self,
@@ -285,7 +306,6 @@ class Trainer:
     ) -> None:
         """Collective: reduce the step's loss (and read the norm), then log on rank 0.
         Reading them syncs with the device, so the step time is the real one."""
-        cfg = self.cfg
         loss, norm = self._global_loss(loss_sum, n_valid), float(_full(grad_norm).item())
         sources = global_source_counts(
             batch, self.data.source_names, self.device, self.mesh.dp_group
@@ -294,15 +314,16 @@ class Trainer:
         step_time = time.perf_counter() - t0
         if self.metrics is None:
             return
-        tokens = cfg.training.global_batch_size * cfg.training.seq_len
-        flops = self.spec.flops_per_token(self.model_args, cfg.training.seq_len)
+        phase = self.plan.phase_at(self.step)
+        tokens = self.plan.step_tokens(phase)
+        flops = self.spec.flops_per_token(self.model_args, phase.seq_len)
         mfu = model_flops_utilisation(flops, tokens, step_time, self.info.world_size, self.device)
         self.metrics.log(
             StepMetrics(
                 step=self.step,
                 loss=loss,
                 grad_norm=norm,
-                lr=self.lr_scheduler.get_last_lr()[0],
+                lr=lr_of_step(self.lr_scheduler, self.step),
                 tokens=tokens,
                 step_time_s=step_time,
                 data_wait_s=data_wait,
@@ -312,6 +333,9 @@ class Trainer:
                 source_tokens=sources[0] if sources else None,
                 source_docs=sources[1] if sources else None,
                 bad_records_dropped=dropped,
+                skipped_updates=self.divergence.skipped,
+                phase=phase.name if self.plan.named else None,
+                scheduled_shares=scheduled_shares(phase, self.data.source_names),
             )
         )
 

@@ -220,28 +220,82 @@ def _scan(recipe: Recipe, vocab_size: int, workers: int | None) -> int:
 
 
 def _print_row(
-    tok: object, ids: list[int], pos: list[int], labels: list[int], head: str, chars: int
+    tok: object,
+    ids: list[int],
+    pos: list[int],
+    labels: list[int],
+    head: str,
+    chars: int,
+    images: dict[int, tuple[int, str]] | None = None,
 ) -> None:
+    """One row, document by document; `images`: (tokens, description) of each image
+    by the input position of its start token (shown in place of its tokens)."""
+    images = images or {}
     pad = [label == -100 for label in labels]
-    # Input token t is padding iff label t-1 is ignored; padding has position 0
-    # (clamped), so it must not start a segment per token.
-    is_pad = [False] + pad[:-1]
-    segments, cur = [], [ids[0]]
+    # Input token t is padding iff label t-1 is ignored and it is no image token
+    # (image tokens are ignored targets too); padding has position 0 (clamped), so
+    # it must not start a segment per token.
+    in_image = _image_spans(images, ids)
+    is_pad = [False] + [p and not in_image[t + 1] for t, p in enumerate(pad[:-1])]
+    segments, cur = [], [0]
     for t in range(1, len(ids)):
         if (pos[t] == 0 and not is_pad[t]) or (is_pad[t] and not is_pad[t - 1]):
             segments.append(cur)
             cur = []
-        cur.append(ids[t])
+        cur.append(t)
     segments.append(cur)
     n_pad = sum(is_pad)
     docs = len(segments) - (1 if n_pad else 0)
-    print(f"--- {head}: {docs} segment(s), {sum(pad)} ignored labels")
+    shown = f", {len(images)} image(s)" if images else ""
+    print(f"--- {head}: {docs} segment(s), {sum(pad)} ignored labels{shown}")
     for k, seg in enumerate(segments):
         if n_pad and k == len(segments) - 1:
             print(f"  [{len(seg)} tok] (padding)")
             continue
-        text = tok.decode(seg, skip_special_tokens=False)  # type: ignore[attr-defined]
+        text = _segment_text(tok, ids, seg, images, in_image)
         print(f"  [{len(seg)} tok] {text[:chars]!r}")
+
+
+def _image_spans(images: dict[int, tuple[int, str]], ids: list[int]) -> list[bool]:
+    """Whether each input position belongs to an image's tokens (start to end)."""
+    inside = [False] * len(ids)
+    for first, (n, _) in images.items():
+        for t in range(first, min(first + n, len(ids))):
+            inside[t] = True
+    return inside
+
+
+def _segment_text(
+    tok: object,
+    ids: list[int],
+    seg: list[int],
+    images: dict[int, tuple[int, str]],
+    inside: list[bool],
+) -> str:
+    """The segment decoded, each image shown as `<its description>`."""
+    out, run = [], []
+    for t in seg:
+        if t in images:
+            out.append(tok.decode(run, skip_special_tokens=False))  # type: ignore[attr-defined]
+            out.append(f"<{images[t][1]}>")
+            run = []
+        elif not inside[t]:
+            run.append(ids[t])
+    out.append(tok.decode(run, skip_special_tokens=False))  # type: ignore[attr-defined]
+    return "".join(out)
+
+
+def _row_images(batch: Batch, row: int) -> dict[int, tuple[int, str]]:
+    """Row `row`'s images of a batch: input position of each start token -> (its
+    tokens, what it is)."""
+    im = batch.images
+    if im is None:
+        return {}
+    out = {}
+    for k in (im.rows == row).nonzero().flatten().tolist():
+        (h, w), n, s = im.grids[k].tolist(), int(im.tokens()[k]), int(im.starts[k])
+        out[s - 1] = (n + 2, f"image {h}x{w} patches, {n + 2} tokens at {s - 1}..{s + n}")
+    return out
 
 
 def cmd_preview(a: argparse.Namespace) -> int:
@@ -278,7 +332,8 @@ def cmd_preview(a: argparse.Namespace) -> int:
                 if schedule.named:
                     head += f" (phase {b.phase}, step {b.step + 1})"
                 ids, pos = b.input_ids[i].tolist(), b.positions[i].tolist()
-                _print_row(tok, ids, pos, b.labels[i].tolist(), head, a.chars)
+                labels, images = b.labels[i].tolist(), _row_images(b, i)
+                _print_row(tok, ids, pos, labels, head, a.chars, images)
                 shown += 1
     except StopIteration:
         print(f"data ended after {shown} rows")

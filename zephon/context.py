@@ -7,7 +7,8 @@ lane's documents of a source come from: the shuffle plan's deal for the lane
 count (lane_docs.PlanLaneDocs), or, after a lane-count change, the documents
 the old lanes left, dealt to the new ones (deal.py). `fetch` reads and
 tokenizes one document by its index: the tail of a document a lane carries
-across a phase boundary.
+across a phase boundary. `images` is the worker side of images
+(images/work.py) when the recipe has sources with images, else None.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from zephon.deal import Record, build_lane_docs
 from zephon.errors import LayoutError
 from zephon.lane_docs import LaneDocs, PlanLaneDocs
 from zephon.pieces import encode_documents
+from zephon.planner import StepMap
 from zephon.recipe import Recipe
 from zephon.scheduler import DemandScheduler
 from zephon.shuffle import SourcePlan
 from zephon.sources import SourceReader
+from zephon.stage_profile import StageProfile
 from zephon.tokenize import TokenizerInfo, check_token_ids
 from zephon.tolerant import with_policy
 
@@ -41,6 +44,7 @@ class PipelineContext:
     plans: list[SourcePlan]  # for the recipe's (first phase's) lane count
     tok: TokenizerInfo
     scheduler: DemandScheduler
+    images: Any = None  # ImageWork (images/work.py), for recipes with image sources
     deals: dict[str, list[Record]] = field(default_factory=dict)
     _plans: dict[tuple[int, int], SourcePlan] = field(default_factory=dict)
     _dealt: dict[tuple[int, int], list[LaneDocs]] = field(default_factory=dict)
@@ -61,6 +65,10 @@ class PipelineContext:
     def set_deals(self, deals: dict[str, list[Record]]) -> None:
         self.deals = {k: v for k, v in deals.items() if v}
         self._dealt = {}
+
+    def images_of(self, source: int) -> Any:
+        """The image work for documents of `source` (None: a text source)."""
+        return self.images if self.recipe.sources[source].multimodal else None
 
     def lane_docs(self, source: int, lane: int, lanes: int) -> LaneDocs:
         """The lane's documents of a source, in visiting order, epoch by epoch."""
@@ -83,6 +91,8 @@ class PipelineContext:
         value = reader.read_range(doc, doc + 1)[0]
         if spec.pretokenized:
             ids = check_token_ids([value], [doc], spec, self.tok)[0]
+        elif spec.multimodal:
+            ids = self.images.encode([self.images.plan(value)], [(reader, doc)])[0]
         else:
             ids = encode_documents([value], self.tok)[0]
         self.scheduler.count_fetched(len(ids), spec.pretokenized)
@@ -107,3 +117,30 @@ def open_sources(recipe: Recipe, cache_dir: str | None) -> tuple[list[Any], list
     except LayoutError as exc:
         raise LayoutError(f"{recipe.path}: {exc}") from None
     return readers, plans
+
+
+def build_context(
+    recipe: Recipe,
+    readers: list[Any],
+    plans: list[SourcePlan],
+    tok: TokenizerInfo,
+    workers: int,
+    budgets: tuple[int, int],
+    steps: StepMap,
+    profile: StageProfile | None = None,
+) -> PipelineContext:
+    """The lanes' shared context and its scheduler, with `budgets` (tokens, image
+    bytes) of lookahead; the image work only when a source has images; `profile`:
+    where the threads charge their CPU by stage (None: not profiled)."""
+    images = None
+    if any(s.multimodal for s in recipe.sources):
+        from zephon.images.work import ImageWork  # Pillow only where images are read
+
+        images = ImageWork(recipe.image, tok)
+    tokens, image_bytes = budgets
+    unit = recipe.mixture.unit
+    scheduler = DemandScheduler(
+        tok, workers, tokens, steps, unit,
+        budget_bytes=image_bytes, images=images, profile=profile,
+    )  # fmt: skip
+    return PipelineContext(recipe, readers, plans, tok, scheduler, images=images)

@@ -30,12 +30,14 @@ if TYPE_CHECKING:
 
 
 class Slot:
-    """One document of a feed: text read (ids None), queued (both None) or tokenized."""
+    """One document of a feed: text read (ids None), queued (both None) or tokenized.
+    nbytes: image bytes it holds in the lookahead (reserved while queued)."""
 
-    __slots__ = ("text", "ids", "doc_id", "est", "feed")
+    __slots__ = ("text", "ids", "doc_id", "est", "feed", "nbytes")
 
     def __init__(self, text: Any, ids: np.ndarray | None, doc_id: int, feed: Feed):
         self.text, self.ids, self.doc_id, self.est, self.feed = text, ids, doc_id, 0, feed
+        self.nbytes = 0
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class FeedStart:
     reader: the source's reader (any object with `spec` and `read_range`).
     docs: the lane's documents of the source.
     epoch, pos, retired: the lane's cursor in the source.
+    images: the image work (images/work.py) of a source with images, else None.
     """
 
     reader: Any
@@ -52,6 +55,7 @@ class FeedStart:
     epoch: int
     pos: int
     retired: bool
+    images: Any = None
 
 
 class Feed:
@@ -83,6 +87,7 @@ class Feed:
         self.by_document = spec.format == "jsonl"
         self.remote = any(is_remote(p) for p in spec.paths)
         self.pretokenized = bool(spec.pretokenized)
+        self.images = start.images  # documents with images: planned when read (reading.py)
         if not start.retired:
             at = self.docs.position(start.epoch, start.pos)
             if at is not None:

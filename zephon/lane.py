@@ -14,6 +14,11 @@ tokens of the current document already emitted, or the documents it carries
 with their row index, counted from the start of the lane's segment (the
 phases one lane stream spans, phases.py); a resume restores one and replays
 to the consumed row.
+
+Documents with images (images/documents.py) are fitted to the lane's rows
+when picked or carried in (an image block longer than a row is an error
+naming the record, or left out under `bad_records = "drop"`), and each row
+records the images it holds, for the batch.
 """
 
 from __future__ import annotations
@@ -27,11 +32,20 @@ import numpy as np
 from zephon.context import PipelineContext
 from zephon.errors import StateError
 from zephon.feeds import Feed, FeedStart, LaneDemand
+from zephon.images.documents import (
+    DocImage,
+    ImageDocIds,
+    fit_row,
+    original_of,
+    original_offset,
+    row_images,
+)
 from zephon.lane_docs import LaneDocs
 from zephon.mixing import Mixer
 from zephon.packing import BestFitPacker, Carry, ConcatPacker, Piece, RowBuilder
 from zephon.phases import Segment
 from zephon.recipe import Recipe
+from zephon.tolerant import DroppingReader
 
 
 class SourceCursor:
@@ -55,7 +69,8 @@ class SourceCursor:
         if not retired:
             self._roll()
         if feed is None:
-            start = FeedStart(ctx.readers[source], docs, self.epoch, self.pos, self.retired)
+            reader, images = ctx.readers[source], ctx.images_of(source)
+            start = FeedStart(reader, docs, self.epoch, self.pos, self.retired, images)
             feed = ctx.scheduler.add_feed(demand, source, start)
         self.feed: Feed = feed
 
@@ -136,6 +151,8 @@ class LaneStream:
         for n, d, off in snapshot.get("carry", []):
             i = names.index(n)
             ids = known[(i, d)] if (i, d) in known else ctx.fetch(i, int(d))
+            if type(ids) is ImageDocIds:  # fitted to this segment's rows from its offset on
+                ids = self._fit(ids, i, int(d), int(off))
             carried.append((ids, i, int(d), int(off)))
         tails = sum(len(ids) - off for ids, _, _, off in carried)
         # The scheduler follows the lane in its own stream's token offsets.
@@ -189,6 +206,15 @@ class LaneStream:
         self.docs_packed = 0
         self.ended = False
         self._rows = RowBuilder(self.row_len, ctx.tok.pad_id, self.num_sources)
+        # Rows' images (position of the first placeholder, image): recipes with images only.
+        self.images = ctx.images is not None
+        self.row_images: deque[list[tuple[int, DocImage]]] = deque()
+        self.last_images: list[tuple[int, DocImage]] = []
+
+    def _fit(self, ids: ImageDocIds, source: int, doc: int, after: int = 0) -> ImageDocIds:
+        reader = self.ctx.readers[source]
+        drop = reader if isinstance(reader, DroppingReader) else None
+        return fit_row(ids, self.row_len, drop, doc, after)
 
     # -- the interface packers use ---------------------------------------
 
@@ -225,11 +251,14 @@ class LaneStream:
             if got is None:
                 continue  # that source just retired; choose among the rest
             ids, doc_id = got
+            picked = ids
+            if type(ids) is ImageDocIds:
+                ids = self._fit(ids, i, doc_id)
             mixer.record(i, len(ids))
             self.docs_packed += 1
             if self.trace is not None:
                 self.trace.append((i, doc_id))
-            self.last_pick = (ids, i, doc_id)
+            self.last_pick = (picked, i, doc_id)
             return ids, i, doc_id
 
     def unpick(self) -> None:
@@ -244,6 +273,8 @@ class LaneStream:
         tokens, positions, src_tokens, src_docs = self._rows.build(pieces)
         self.out.append((tokens, positions))
         self.row_sources.append((src_tokens, src_docs))
+        if self.images:
+            self.row_images.append(row_images(pieces))
         self.rows_emitted += 1
 
     # -- the interface the loader uses --------------------------------------
@@ -255,6 +286,8 @@ class LaneStream:
         if not self.out:
             return None
         self.last_sources = self.row_sources.popleft()
+        if self.images:
+            self.last_images = self.row_images.popleft()
         return self.out.popleft()
 
     def take_flushes(self) -> list[dict[str, Any]]:
@@ -263,7 +296,9 @@ class LaneStream:
 
     def held_docs(self) -> dict[tuple[int, int], np.ndarray]:
         """Ids of the documents the lane's flush points carry, by (source, index)."""
-        return self.packer.held() if isinstance(self.packer, ConcatPacker) else {}
+        if not isinstance(self.packer, ConcatPacker):
+            return {}
+        return {k: original_of(ids) for k, ids in self.packer.held().items()}
 
     def boundary_point(self) -> dict[str, Any]:
         """The lane's flush point at its boundary row, where it stands now. A point
@@ -280,7 +315,7 @@ class LaneStream:
             got = self.pick()  # the document the run had cut here: the same pick
             if got is None:
                 raise StateError(f"lane {self.lane}: data ended at its boundary row")
-            _, source, doc = got
-            self.flush_point(self.snapshot(), 0, [(source, doc, skip)])
+            ids, source, doc = got
+            self.flush_point(self.snapshot(), 0, [(source, doc, original_offset(ids, skip))])
             point = self.take_flushes()[-1]
         return point

@@ -22,13 +22,14 @@ from collections.abc import Collection, Iterator
 from typing import Any
 
 from zephon.batch import Batch
-from zephon.context import PipelineContext, open_sources
+from zephon.context import build_context, open_sources
 from zephon.deal import Record
 from zephon.errors import StateError
 from zephon.flush_log import FlushLog, FlushPoint
 from zephon.lane import LaneStream, initial_snapshot
 from zephon.layout import Layout
 from zephon.phases import MicroBatch, Phase, Segment, SegmentSteps, resolve_schedule
+from zephon.planner import DEFAULT_LOOKAHEAD_BYTES, DOC_COUNTS, TOKEN_COUNTS
 from zephon.production import BOUNDARY, END, BatchProducer
 from zephon.rank_schedule import RankSchedule
 from zephon.recipe import Recipe, load_recipe
@@ -57,8 +58,8 @@ class ZephonLoader:
             them; sets the rows every rank runs per step (`Batch.padded_to`) when
             ranks own different numbers of lanes.
         dp_rank, dp_size: this rank and the data-parallel degree.
-        num_workers, prefetch, lookahead_tokens, cache_dir: execution settings;
-            None takes the recipe's. They never change a byte of output.
+        num_workers, prefetch, lookahead_tokens, lookahead_bytes, cache_dir: execution
+            settings; None takes the recipe's. They never change a byte of output.
         block_prefetch: deprecated and ignored (lookahead is one token budget).
         trace: record (source, document index) of every packed document per lane
             id in `self.traces` (tests, debugging; lane j's after a lane-count change
@@ -90,6 +91,7 @@ class ZephonLoader:
         lookahead_tokens: int | None = None,
         explicit: Collection[str] = (),
         micro_batch_tokens: int | None = None,
+        lookahead_bytes: int | None = None,
         profile: bool = False,
     ):
         self.recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
@@ -107,21 +109,19 @@ class ZephonLoader:
         if block_prefetch is not None:
             warnings.warn(BLOCK_PREFETCH, DeprecationWarning, stacklevel=2)
         # Lookahead: one budget in tokens for the rank; default two steps of its
-        # rows, of the phase with the most.
+        # rows, of the phase with the most. Image bytes have their own (planner.py).
         budget = lookahead_tokens if lookahead_tokens is not None else ex.lookahead_tokens
         self.lookahead_tokens = budget or 2 * self.rank.step_tokens()
+        budget = lookahead_bytes if lookahead_bytes is not None else ex.lookahead_bytes
+        self.lookahead_bytes = budget or DEFAULT_LOOKAHEAD_BYTES
         first = self.schedule.segments[0]
         self.profile = StageProfile() if profile else None  # kept after close, for a last look
-        self._scheduler: DemandScheduler | None = DemandScheduler(
-            self.tok,
-            self.num_workers,
-            self.lookahead_tokens,
-            SegmentSteps(first),
-            self.recipe.mixture.unit,
-            profile=self.profile,
-        )
+        self.ctx = build_context(
+            self.recipe, readers, plans, self.tok, self.num_workers,
+            (self.lookahead_tokens, self.lookahead_bytes), SegmentSteps(first), self.profile,
+        )  # fmt: skip
+        self._scheduler: DemandScheduler | None = self.ctx.scheduler
         self.source_names = tuple(s.name for s in self.recipe.sources)
-        self.ctx = PipelineContext(self.recipe, readers, plans, self.tok, self._scheduler)
         self.fingerprint = make_fingerprint(self.recipe, readers, self.tok, self.schedule)
         self.traces: dict[int, list[tuple[int, int]]] | None = {} if trace else None
         self._producer: BatchProducer | None = None
@@ -314,7 +314,8 @@ class ZephonLoader:
         """Counts of the work done since the start or the last restore.
 
         docs/tokens_tokenized: documents and token ids (EOS included) produced
-        by the tokenizer; pretokenized sources are counted apart. first_batch:
+        by the tokenizer, or by the image workers (`work` counts pretokenized
+        sources and documents with images apart). first_batch:
         the same counts when the first batch was assembled (replay included),
         with the non-padding tokens of its rows. The prefetch thread may be a
         step or two ahead of the trainer. profile (if asked for): CPU by stage."""
@@ -323,9 +324,8 @@ class ZephonLoader:
         return {
             "step": self.step,
             "docs_packed": sum(lane.docs_packed for lane in self.lanes),
-            "docs_tokenized": work.get("docs_tokenized", 0) + work.get("docs_pretokenized", 0),
-            "tokens_tokenized": work.get("tokens_tokenized", 0)
-            + work.get("tokens_pretokenized", 0),
+            "docs_tokenized": sum(work.get(k, 0) for k in DOC_COUNTS),
+            "tokens_tokenized": sum(work.get(k, 0) for k in TOKEN_COUNTS),
             "work": work,
             "first_batch": dict(first) if first else None,
             "replay": dict(self.replay),

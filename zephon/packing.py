@@ -33,6 +33,16 @@ flush point there, holding nothing:
   lane-count change), every open bin is closed (padded), and rows of padding
   only fill up to R. A placement that reaches R exactly is followed by
   closing the bins. No row crosses R; nothing is carried.
+
+Images (documents of sources with images, images/documents.py). An image is
+a block of tokens (start, placeholders, end) that is never split across
+rows, so its placeholders always lie in the row's inputs: `concat` closes a
+row with padding where an image block would cross its end, and the image
+starts the next row (text is still cut anywhere); `best_fit` cuts chunks only
+between image blocks. A block longer than a row never reaches a packer (the
+lane refuses or drops it). Flush points therefore never fall inside a block,
+and the offsets they carry across a boundary are those of the document as the
+worker made it (`original_offset`), whatever the lane removed from it.
 """
 
 from __future__ import annotations
@@ -42,6 +52,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
+
+from zephon.images.documents import ImageDocIds, block_cut, image_chunks, original_offset
 
 # A piece of a row: (token ids, source index, whether the piece starts its
 # document). Packers build them; rows count tokens and documents by source.
@@ -133,9 +145,9 @@ class ConcatPacker:
     def tails(self) -> list[Carry]:
         """What a flush point here carries: the current document if it is cut, then
         the carried rests not begun."""
-        out = [(s, d, off) for _, s, d, off in self.carry]
+        out = [(s, d, original_offset(ids, off)) for ids, s, d, off in self.carry]
         if self.cur is not None and self.off < len(self.cur):
-            out.insert(0, (self.cur_source, self.cur_doc, self.off))
+            out.insert(0, (self.cur_source, self.cur_doc, original_offset(self.cur, self.off)))
         return out
 
     def fill(self, lane: PackerLane) -> bool:
@@ -162,6 +174,15 @@ class ConcatPacker:
                 continue
             off = self.off
             take = min(need, len(self.cur) - off)
+            if take == need and type(self.cur) is ImageDocIds:
+                fit = block_cut(self.cur, off + need) - off
+                if fit < need:  # an image would cross the row end: it starts the next row
+                    if not pieces and not fit:  # fit_row lets no such block through
+                        raise AssertionError(f"an image block at {off} is longer than a row")
+                    if fit:
+                        pieces.append((self.cur[off : off + fit], self.cur_source, off == 0))
+                    self.off = off + fit
+                    break
             pieces.append((self.cur[off : off + take], self.cur_source, off == 0))
             self.off = off + take
             need -= take
@@ -210,6 +231,30 @@ class BestFitPacker:
         while self.bins:
             self._close(lane, 0)
 
+    def _place(self, lane: PackerLane, chunk: Piece) -> None:
+        """One chunk of a document: a whole row at once, else into the tightest bin
+        it fits (the fullest bin closed when none fits and K are open). The first
+        chunk is placed first (whole rows go out at once), so it is the one that
+        starts the document."""
+        n = len(chunk[0])
+        if n == self.row_len:
+            lane.emit([chunk])
+            return
+        best = -1
+        for i, free in enumerate(self.free):
+            if free >= n and (best < 0 or free < self.free[best]):
+                best = i
+        if best < 0:
+            if len(self.bins) == self.k:
+                self._close(lane, self.free.index(min(self.free)))
+            self.bins.append([])
+            self.free.append(self.row_len)
+            best = len(self.bins) - 1
+        self.bins[best].append(chunk)
+        self.free[best] -= n
+        if self.free[best] == 0:
+            self._close(lane, best)
+
     def rows_placing(self, n: int) -> tuple[int, int]:
         """(rows emitted, bins open after) if a document of n tokens were placed now."""
         full, rest = divmod(n, self.row_len)
@@ -220,6 +265,29 @@ class BestFitPacker:
         if fits:
             return (full + 1, bins - 1) if min(fits) == rest else (full, bins)
         return (full + 1, bins) if bins == self.k else (full, bins + 1)
+
+    def rows_placing_chunks(self, lengths: list[int]) -> tuple[int, int]:
+        """rows_placing for a document cut into chunks of these lengths (one with
+        images, whose chunks end between image blocks): placed as `_place` would."""
+        free, rows = list(self.free), 0
+        for n in lengths:
+            if n == self.row_len:
+                rows += 1
+                continue
+            fits = [i for i, f in enumerate(free) if f >= n]
+            if fits:
+                best = min(fits, key=lambda i: free[i])  # the first of the tightest
+            else:
+                if len(free) == self.k:
+                    free.pop(free.index(min(free)))
+                    rows += 1
+                free.append(self.row_len)
+                best = len(free) - 1
+            free[best] -= n
+            if free[best] == 0:
+                free.pop(best)
+                rows += 1
+        return rows, len(free)
 
     def _stop_at_end(self, lane: PackerLane, snapshot: tuple) -> None:
         """Close every bin, pad up to the boundary row and declare it a flush point."""
@@ -241,35 +309,23 @@ class BestFitPacker:
             self._flush(lane)
             return False
         doc, source, _ = picked
+        # A document with images is cut only between its image blocks.
+        cuts = image_chunks(doc, self.row_len) if type(doc) is ImageDocIds else None
         if end is not None:
-            rows, bins = self.rows_placing(len(doc))
+            if cuts is None:
+                rows, bins = self.rows_placing(len(doc))
+            else:
+                rows, bins = self.rows_placing_chunks([b - a for a, b in cuts])
             if lane.rows_emitted + rows + bins > end:  # it would cross the boundary
                 lane.unpick()
                 self._stop_at_end(lane, pre)
                 return True
-        for a in range(0, len(doc), self.row_len):
-            ids = doc[a : a + self.row_len]
-            n = len(ids)
-            # The first chunk is emitted first (whole rows go out at once), so it
-            # is the one that starts the document.
-            chunk = (ids, source, a == 0)
-            if n == self.row_len:
-                lane.emit([chunk])
-                continue
-            best = -1
-            for i, free in enumerate(self.free):
-                if free >= n and (best < 0 or free < self.free[best]):
-                    best = i
-            if best < 0:
-                if len(self.bins) == self.k:
-                    self._close(lane, self.free.index(min(self.free)))
-                self.bins.append([])
-                self.free.append(self.row_len)
-                best = len(self.bins) - 1
-            self.bins[best].append(chunk)
-            self.free[best] -= n
-            if self.free[best] == 0:
-                self._close(lane, best)
+        if cuts is None:
+            for a in range(0, len(doc), self.row_len):
+                self._place(lane, (doc[a : a + self.row_len], source, a == 0))
+        else:
+            for a, b in cuts:
+                self._place(lane, (doc[a:b], source, a == 0))
         if end is not None and lane.rows_emitted + len(self.bins) >= end:
             self._stop_at_end(lane, lane.snapshot())
         elif lane.rows_emitted - self.rows_at_flush >= self.flush_interval:

@@ -26,6 +26,9 @@ work it decides.
   waits on it.
 - Reading runs ahead of tokenizing: a feed reads its next documents (across
   shuffle blocks) when half of what it read is queued.
+- Documents of sources with images count their image tokens exactly (known
+  from the headers when read) and take a second budget, in bytes
+  (images/budget.py); a text-only recipe never uses it.
 
 None of this changes the output: a lane takes each feed's documents in feed
 order, and a document's ids do not depend on what else was in its call.
@@ -42,8 +45,16 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from zephon.feeds import Feed, FeedStart, LaneDemand, Slot
+from zephon.images.budget import ImageBytes, held_bytes
 from zephon.lane_docs import BlockPart
 from zephon.long_docs import LONG_CHARS, LongDocCache
+
+# The image byte budget per rank when none is set (images/budget.py).
+DEFAULT_LOOKAHEAD_BYTES = 512 << 20
+# The counts of SchedulerStats that make up documents and tokens "tokenized" in
+# all: by the tokenizer, pretokenized, and documents with images.
+DOC_COUNTS = ("docs_tokenized", "docs_pretokenized", "image_docs")
+TOKEN_COUNTS = ("tokens_tokenized", "tokens_pretokenized", "image_tokens")
 
 
 class StepMap(Protocol):
@@ -82,6 +93,9 @@ class SchedulerStats:
     docs_from_cache: int = 0
     tokens_from_cache: int = 0
     lookahead_peak_tokens: int = 0
+    image_docs: int = 0  # documents of sources with images, made by the workers
+    image_tokens: int = 0  # their tokens (text and image blocks)
+    images_decoded: int = 0
 
     def count_document(self, tokens: int, pretokenized: bool) -> None:
         """One document read (pretokenized) or tokenized outside the planner's calls."""
@@ -116,6 +130,7 @@ class NeedPlanner:
         steps: maps a lane-stream offset to the step that needs it.
         max_docs: documents per tokenizer call, at most.
         cache: ids of long documents, served instead of tokenizing them again.
+        budget_bytes: lookahead budget of image bytes (images/budget.py).
     """
 
     def __init__(
@@ -124,8 +139,10 @@ class NeedPlanner:
         steps: StepMap,
         max_docs: int = 1024,
         cache: LongDocCache | None = None,
+        budget_bytes: int = DEFAULT_LOOKAHEAD_BYTES,
     ):
         self.budget, self.steps, self.max_docs = max(budget_tokens, 1), steps, max_docs
+        self.bytes = ImageBytes(budget_bytes)
         # One call takes at most this many (estimated) tokens: a third of the
         # budget, so that one call in flight, one queued behind it and the ids
         # of the last one still being taken fit in the budget together.
@@ -165,6 +182,7 @@ class NeedPlanner:
         feed.taken -= 1
         feed.sched_tokens += len(ids)
         self.used += len(ids)
+        self.bytes.reserve(slot, held_bytes(ids))
         feed.lane.dirty = True
 
     def reset(self, keep_stats: bool = False) -> None:
@@ -174,7 +192,7 @@ class NeedPlanner:
             for f in ld.feeds:
                 f.dead = True
         self.lanes, self.waiting = [], set()
-        self.used, self.warm, self.floor = 0, False, 0
+        self.used, self.warm, self.floor, self.bytes.used = 0, False, 0, 0
         if not keep_stats:
             self.stats = SchedulerStats()
 
@@ -183,6 +201,7 @@ class NeedPlanner:
             **asdict(self.stats),
             "lookahead_tokens": self.used,
             "lookahead_budget": self.budget,
+            **self.bytes.stats(),
         }
 
     # -- what happened --------------------------------------------------------------
@@ -211,6 +230,8 @@ class NeedPlanner:
         else:
             ld.restart()
         self.used -= n
+        if slot.nbytes:
+            self.bytes.release(slot)
         self.waiting.discard(feed)
         return ids, slot.doc_id
 
@@ -238,12 +259,15 @@ class NeedPlanner:
             n = len(s.ids)
             self.used += n - s.est
             f.sched_tokens += n - s.est
+            f.lane.dirty = True
+            if f.images is not None:  # its reserved decode peak is free again
+                self.bytes.stored(s, stats)
+                continue
             stats.docs_tokenized += 1
             stats.tokens_tokenized += n
             stats.chars_tokenized += len(texts[k])
             if len(texts[k]) >= LONG_CHARS:
                 self.cache.remember(f.source, s.doc_id, s.ids)
-            f.lane.dirty = True
         if stats.chars_tokenized:
             self.tokens_per_char = stats.tokens_tokenized / stats.chars_tokenized
 
@@ -284,10 +308,11 @@ class NeedPlanner:
                 if entry is not None:
                     heap.append(entry)
         heapq.heapify(heap)
-        read_size = self.read_size()
+        read_size = docs_per_read(self.warm, self.budget, self.lanes, self.stats)
         call: list[Slot] = []
         reads: list[tuple[Feed, list[BlockPart]]] = []
         est_total, needed, held_back, cached = 0, False, False, False
+        self.bytes.call = 0
         while heap and len(call) < self.max_docs and est_total < self.call_tokens:
             step, _, _, _, f = heapq.heappop(heap)
             if f.sched >= len(f.slots):
@@ -300,16 +325,21 @@ class NeedPlanner:
                 f.reading = True
                 reads.append((f, f.advance(read_size)))
             slot = f.slots[f.sched]
-            if len(slot.text) >= LONG_CHARS and self._serve_cached(f, slot):
+            if f.images is None and len(slot.text) >= LONG_CHARS and self._serve_cached(f, slot):
                 cached = True  # served: the call can no longer be undone slot by slot
                 if self.warm:
                     entry = self._entry(f.lane, f.source, f)
                     if entry is not None:
                         heapq.heappush(heap, entry)
                 continue
-            est = max(1, int(len(slot.text) * self.tokens_per_char)) + 1
+            if f.images is None:
+                est, nbytes = max(1, int(len(slot.text) * self.tokens_per_char)) + 1, 0
+            else:  # exact image tokens, and the bytes to reserve (images/work.py)
+                est, nbytes = slot.text.cost(self.tokens_per_char)
             must = step <= self.floor
-            if not must and self.used + est > self.budget:
+            if not must and (
+                self.used + est > self.budget or (nbytes and not self.bytes.admits(nbytes))
+            ):
                 held_back = True
                 break  # later entries are later steps: the budget holds them all back
             needed = needed or must
@@ -317,13 +347,16 @@ class NeedPlanner:
             f.sched_tokens += est
             slot.est = est
             self.used += est
+            if nbytes:  # text carries no image bytes
+                self.bytes.reserve(slot, nbytes)
             est_total += est
             call.append(slot)
             if self.warm:  # the feed's next document, now further ahead
                 entry = self._entry(f.lane, f.source, f)
                 if entry is not None:
                     heapq.heappush(heap, entry)
-        if call and not needed and held_back and not cached and est_total < self.budget // 4:
+        small = est_total < self.budget // 4 and self.bytes.call < self.bytes.budget // 4
+        if call and not needed and held_back and not cached and small:
             # Only a little speculative work, held back by the budget: wait until
             # more of it is free, so that calls stay large.
             for slot in reversed(call):
@@ -332,17 +365,6 @@ class NeedPlanner:
         stats = self.stats
         stats.lookahead_peak_tokens = max(stats.lookahead_peak_tokens, self.used)
         return Plan(call, reads, cached)
-
-    def read_size(self) -> int:
-        """Documents per read: a few before the first batch; then each feed's share
-        of the lookahead budget (32 to 256), so that text read ahead follows the
-        budget too."""
-        if not self.warm:
-            return 2
-        per_doc = self.stats.tokens_per_doc()
-        feeds = sum(len(ld.feeds) for ld in self.lanes) or 1
-        # At least 32: many lanes would otherwise read a few lines per call.
-        return int(min(256, max(32, self.budget / feeds / max(per_doc, 1.0))))
 
     def _entry(self, ld: LaneDemand, k: int, f: Feed) -> tuple | None:
         """Heap entry (step, lane order, offset, seq, feed) for the feed's next work."""
@@ -393,4 +415,18 @@ class NeedPlanner:
         slot.feed.sched -= 1
         slot.feed.sched_tokens -= slot.est
         self.used -= slot.est
+        self.bytes.release(slot)
         slot.est = 0
+
+
+def docs_per_read(
+    warm: bool, budget: int, lanes: Sequence[LaneDemand], stats: SchedulerStats
+) -> int:
+    """Documents per read: a few before the first batch; then each feed's share of
+    the lookahead budget (32 to 256), so that text read ahead follows the budget too."""
+    if not warm:
+        return 2
+    per_doc = stats.tokens_per_doc()
+    feeds = sum(len(ld.feeds) for ld in lanes) or 1
+    # At least 32: many lanes would otherwise read a few lines per call.
+    return int(min(256, max(32, budget / feeds / max(per_doc, 1.0))))

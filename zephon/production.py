@@ -13,6 +13,10 @@ boundary points (boundary.py) and the scheduler starts over for them. A
 lane-count change needs every lane's point: a producer that owns them all
 crosses it; otherwise it stops there (BOUNDARY) until the loader is given the
 merged state of all ranks.
+
+With image sources, each step's images are collected with its rows, folded
+into the lane digests of lanes whose rows hold images, and attached to the
+batch (images/assembly.py).
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ from zephon.deal import Record
 from zephon.digest import rows_digest
 from zephon.errors import StateError
 from zephon.flush_log import FlushPoint
+from zephon.images.assembly import BatchImages
 from zephon.lane import LaneStream
 from zephon.phases import Schedule, Segment, SegmentSteps
+from zephon.planner import DOC_COUNTS, TOKEN_COUNTS
 from zephon.stage_profile import ASSEMBLE, NULL_CLOCK, OTHER, PACK, Clock, current
 
 END = object()  # the data ended (a `stop` source ran dry)
@@ -110,8 +116,8 @@ class BatchProducer:
             self.replay["docs_packed"] += lane.docs_packed
             passed[lane.lane] = lane.take_flushes()
         stats = scheduler.stats()
-        self.replay["docs_tokenized"] = stats["docs_tokenized"] + stats["docs_pretokenized"]
-        self.replay["tokens_tokenized"] = stats["tokens_tokenized"] + stats["tokens_pretokenized"]
+        self.replay["docs_tokenized"] = sum(stats[k] for k in DOC_COUNTS)
+        self.replay["tokens_tokenized"] = sum(stats[k] for k in TOKEN_COUNTS)
         if self.prefetch > 0:
             self._thread = threading.Thread(target=self._run, name="zephon-prefetch", daemon=True)
             self._thread.start()
@@ -198,7 +204,8 @@ class BatchProducer:
             self._rows = (np.empty((n, row_len), np.int32), np.empty((n, row_len), np.int32))
         tokens, positions = self._rows
         counted: list[tuple[list[int], list[int]]] = []  # (tokens, documents) by source, per row
-        flushes = {}
+        digests, flushes = [], {}
+        images = None if self.ctx.images is None else BatchImages(self.ctx.images)
         for i, lane in enumerate(self.lanes):
             for k in range(r):
                 row = lane.next_row()
@@ -208,15 +215,18 @@ class BatchProducer:
                 tokens[i * r + k], positions[i * r + k] = row
                 assert lane.last_sources is not None
                 counted.append(lane.last_sources)
+                if images is not None:
+                    images.add_row(i * r + k, lane.last_images)
+            clock.switch(ASSEMBLE)
+            # A lane's digest as soon as its rows are in: its images are the last added.
+            digest = rows_digest(tokens[i * r : (i + 1) * r], positions[i * r : (i + 1) * r])
+            digests.append(digest if images is None else images.lane_digest(digest))
+            clock.switch(PACK)
             flushes[lane.lane] = lane.take_flushes()
         clock.switch(ASSEMBLE)
         by_source = (
             np.array(counted, dtype=np.int64).reshape(n, 2, len(self.source_names)).sum(axis=0)
         )
-        digests = [
-            rows_digest(tokens[i * r : (i + 1) * r], positions[i * r : (i + 1) * r])
-            for i in range(len(self.lanes))
-        ]
         if not self._warm:  # the first batch since the start or a boundary
             self._warm = True
             stats = scheduler.set_warm()
@@ -228,9 +238,14 @@ class BatchProducer:
                     "docs_pretokenized": stats["docs_pretokenized"],
                     "tokens_pretokenized": stats["tokens_pretokenized"],
                     "docs_read": stats["docs_read"],
+                    "image_docs": stats["image_docs"],
+                    "image_tokens": stats["image_tokens"],
+                    "images_decoded": stats["images_decoded"],
                     "row_tokens": int((positions >= 0).sum()),
                 }
         batch = rows_to_batch(self.produced_step, tokens, positions, digests)
+        if images is not None:
+            images.finish(batch, tokens)
         batch.source_tokens, batch.source_docs = by_source[0], by_source[1]
         batch.source_names = self.source_names
         batch.phase = phase.name

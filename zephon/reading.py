@@ -52,6 +52,8 @@ def read_slots(
                 framed = check_token_ids(values, doc_ids, f.reader.spec, tok)
                 slots += [Slot(None, ids, d, f) for ids, d in zip(framed, doc_ids, strict=True)]
             else:
+                if f.images is not None:  # headers read here, pixels when tokenized
+                    values = [f.images.plan(v) for v in values]
                 slots += [Slot(v, None, d, f) for v, d in zip(values, doc_ids, strict=True)]
     except BaseException as exc:
         return slots, exc

@@ -129,6 +129,9 @@ class ExecutionSpec:
     # Tokens tokenized ahead of need, one budget for the rank (0 = two steps of its rows).
     lookahead_tokens: int = 0
     cache_dir: str = ""  # where document indexes are cached ("" = user cache)
+    # Image bytes decoded ahead of need (decode peaks in flight, patches waiting),
+    # one budget for the rank (0 = 512 MiB); sources with images only.
+    lookahead_bytes: int = 0
 
 
 # Pillow refuses images above twice its MAX_IMAGE_PIXELS (89478485) before we can.
@@ -680,6 +683,7 @@ def parse_recipe(data: dict[str, Any], file: str) -> Recipe:
         workers=e.positive_int("workers", minimum=0),
         prefetch=e.positive_int("prefetch", minimum=0),
         lookahead_tokens=e.positive_int("lookahead_tokens", minimum=0),
+        lookahead_bytes=e.positive_int("lookahead_bytes", minimum=0),
         cache_dir=cache_dir,
     )
     e.finish()

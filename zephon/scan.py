@@ -5,7 +5,9 @@ The documents are split into chunks that worker processes read in parallel
 cleanly costs one `read_range`, one that fails is re-read record by record
 (tolerant.read_or_recover, as `bad_records = "drop"` does) to name every bad
 record by file and line. Pretokenized ids are also checked against the
-tokenizer's vocabulary, with the loader's own check (tokenize.token_id_error).
+tokenizer's vocabulary, with the loader's own check (tokenize.token_id_error),
+and every image of a source with images is decoded as training would decode
+it (images/work.py `bad_images`), each bad one named by shard and key.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from zephon.errors import DataError
-from zephon.recipe import Recipe, SourceSpec
+from zephon.recipe import ImageSpec, Recipe, SourceSpec
 from zephon.sources import SourceReader
 from zephon.tokenize import token_id_error
 from zephon.tolerant import read_or_recover
@@ -40,9 +42,15 @@ def _reader(spec: SourceSpec, cache: str | None) -> SourceReader:
 
 
 def scan_chunk(
-    spec: SourceSpec, cache: str | None, start: int, end: int, vocab: int
+    spec: SourceSpec,
+    cache: str | None,
+    start: int,
+    end: int,
+    vocab: int,
+    image: ImageSpec | None = None,
 ) -> tuple[int, list[BadRecord]]:
-    """(records read, bad records) of documents [start, end) of one source."""
+    """(records read, bad records) of documents [start, end) of one source; `image`:
+    the recipe's pixel settings, to decode the images of a source with images."""
     bad: list[BadRecord] = []
 
     def unreadable(i: int, exc: DataError) -> None:
@@ -54,6 +62,11 @@ def scan_chunk(
             problem = None if ids is None else token_id_error(spec, i, ids, vocab)
             if problem is not None:
                 bad.append(BadRecord(spec.name, i, problem))
+    if spec.multimodal and image is not None:
+        from zephon.images.work import bad_images
+
+        for i, value in enumerate(values, start):
+            bad += [BadRecord(spec.name, i, why) for why in bad_images(value, image)]
     # Listed by index, as if each record were read and checked in turn.
     bad.sort(key=lambda r: r.index)
     return end - start, bad
@@ -69,7 +82,10 @@ def scan_recipe(
     tasks = []
     for spec in recipe.sources:
         n = SourceReader(spec, cache).num_docs  # builds the indexes once, here
-        tasks += [(spec, cache, a, min(a + CHUNK, n), vocab_size) for a in range(0, n, CHUNK)]
+        image = recipe.image if spec.multimodal else None
+        tasks += [
+            (spec, cache, a, min(a + CHUNK, n), vocab_size, image) for a in range(0, n, CHUNK)
+        ]
     total = sum(t[3] - t[2] for t in tasks)
     workers = workers or min(len(tasks), os.cpu_count() or 1)
     bad: list[BadRecord] = []

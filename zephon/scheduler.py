@@ -16,7 +16,8 @@ sample mix; 5% or less with one caller). Local files are read by the planning
 thread itself (parsing is CPU work under the GIL, so a thread pool gains
 nothing); remote ones by a pool that can wait on the network. With no
 workers, everything runs inline, on the thread of the lane that needs a
-document.
+document. A call with documents of a source with images decodes those where
+it tokenizes (images/work.py): workers decode images, lanes never do.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ import numpy as np
 from zephon.feeds import Feed, FeedStart, LaneDemand, Slot
 from zephon.lane_docs import BlockPart
 from zephon.pieces import encode_documents, needs_pieces
-from zephon.planner import NeedPlanner, StepMap
+from zephon.planner import DEFAULT_LOOKAHEAD_BYTES, NeedPlanner, StepMap
 from zephon.reading import read_slots
 from zephon.stage_profile import (
     CONVERT,
+    IMAGE,
     NULL_CLOCK,
     OTHER,
     PLAN,
@@ -86,6 +88,8 @@ class DemandScheduler:
         budget_tokens: lookahead budget (tokens tokenized but not yet taken).
         steps: which step needs a lane-stream token offset.
         unit: the recipe's mixture unit ("tokens" or "documents").
+        budget_bytes: lookahead budget of image bytes (images/budget.py).
+        images: the image work of a recipe with image sources (images/work.py).
         profile: where the threads charge their CPU by stage (None: not profiled).
     """
 
@@ -97,10 +101,12 @@ class DemandScheduler:
         steps: StepMap,
         unit: str,
         max_docs: int = 1024,
+        budget_bytes: int = DEFAULT_LOOKAHEAD_BYTES,
+        images: Any = None,
         profile: StageProfile | None = None,
     ):
-        self.tok, self.unit, self.profile = tok, unit, profile
-        self.planner = NeedPlanner(budget_tokens, steps, max_docs)
+        self.tok, self.unit, self.images, self.profile = tok, unit, images, profile
+        self.planner = NeedPlanner(budget_tokens, steps, max_docs, budget_bytes=budget_bytes)
         # One lock, three conditions: lanes wait on `cond` for documents, the
         # planning thread on `wake` for something to do, the tokenizer thread on
         # `queued` for a call. Waking only the side that can proceed keeps the
@@ -247,13 +253,10 @@ class DemandScheduler:
         self.cond.release()
         left = clock.switch(TOKENIZE)
         try:
-            ids: list[np.ndarray] | BaseException
-            if needs_pieces(texts, self.tok):
-                ids = encode_documents(texts, self.tok)
-            else:  # encode_documents without its cuts, its two stages apart
-                encodings = encode_raw(texts, self.tok)
+            out, encodings = run_call(slots, texts, self.tok, self.images)
+            if encodings:  # encode_documents without its cuts, its two stages apart
                 clock.switch(CONVERT)
-                ids = frame_ids(encodings, self.tok)
+            ids: list[np.ndarray] | BaseException = frame_ids(out, self.tok) if encodings else out
         except BaseException as exc:  # handed to the lanes that wait on these documents
             ids = exc
         finally:
@@ -340,15 +343,7 @@ class DemandScheduler:
                     self.cond.release()
                     clock.switch(TOKENIZE)
                     try:
-                        # Long texts are cut and joined by encode_documents, ids and
-                        # all; otherwise only the tokenizer runs here, the planning
-                        # thread converts.
-                        encodings = not needs_pieces(call.texts, self.tok)
-                        out: Any = (
-                            encode_raw(call.texts, self.tok)
-                            if encodings
-                            else encode_documents(call.texts, self.tok)
-                        )
+                        out, encodings = run_call(call.slots, call.texts, self.tok, self.images)
                     except BaseException as exc:  # handed to the lanes that wait on these
                         out, encodings = exc, False
                     finally:
@@ -388,3 +383,22 @@ class DemandScheduler:
             self._pool = None
         if self.profile is not None:
             self.profile.close()
+
+
+def run_call(
+    slots: list[Slot], texts: list[Any], tok: TokenizerInfo, images: Any
+) -> tuple[Any, bool]:
+    """(output, whether it is encodings to turn into ids) of one call. Long texts
+    are cut and joined by encode_documents, ids and all; documents with images
+    are decoded and framed by the image work; otherwise only the tokenizer runs
+    here, and the planning thread converts."""
+    if images is not None and any(s.feed.images is not None for s in slots):
+        clock = current()
+        left = clock.switch(IMAGE)  # decoding and patches (the native pool stays tokenize's)
+        try:
+            return images.encode(texts, [(s.feed.reader, s.doc_id) for s in slots]), False
+        finally:
+            clock.switch(left)
+    if needs_pieces(texts, tok):
+        return encode_documents(texts, tok), False
+    return encode_raw(texts, tok), True

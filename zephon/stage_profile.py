@@ -36,12 +36,13 @@ STAGES = (
     "plan",  # the need planner and its bookkeeping
     "tokenize",  # inside the native call, its thread pool included
     "convert",  # encodings -> int32 id arrays
+    "image",  # calls with image documents: decoding, patches, framing (not the native pool)
     "pack",  # mixing and packing, lane by lane
     "assemble",  # batch arrays, tensors, digests
     "other",  # pipeline threads outside any stage: locks, loops, hand-offs
     "wait",  # blocked (CPU ~0; the wall time is reported apart)
 )
-READ, PARSE, PLAN, TOKENIZE, CONVERT, PACK, ASSEMBLE, OTHER, WAIT = range(len(STAGES))
+READ, PARSE, PLAN, TOKENIZE, CONVERT, IMAGE, PACK, ASSEMBLE, OTHER, WAIT = range(len(STAGES))
 # The consumer's thread between next_batch calls: the trainer's time, not counted.
 OUTSIDE = len(STAGES)
 

@@ -11,6 +11,10 @@ Version 2 (phases) keys the mixer counts by source name, may carry the
 documents a phase boundary cut (`carry`), the lane-count changes still in use
 (`deals`), the step where the lanes' segment started and their count.
 Version 1 documents are read by `upgrade`.
+
+A recipe with image sources adds the decode canary (zephon/images/canary.py)
+to the fingerprint, and a resume whose canary differs is refused naming both
+machines' decoder versions: the same recipe would give other pixels there.
 """
 
 from __future__ import annotations
@@ -93,6 +97,10 @@ def make_fingerprint(
     remote = {u: v for r in readers for u, v in r.remote_versions().items()}
     if remote:  # only for remote sources, so local fingerprints stay as they were
         fingerprint["remote"] = remote
+    if any(s.multimodal for s in recipe.sources):  # likewise: text recipes have none
+        from zephon.images.canary import decode_canary
+
+        fingerprint["decode_canary"] = decode_canary(recipe.image)
     return fingerprint
 
 
@@ -203,7 +211,14 @@ def check_fingerprint(
 
     With phases, `saved` holds the phases that had produced a batch by the
     checkpoint's `step`: exactly those must be this run's phases starting before
-    `step`, unchanged (naming the phase and the field); later ones are free."""
+    `step`, unchanged (naming the phase and the field); later ones are free. A
+    decode canary that differs is refused first, with its own message."""
+    if "decode_canary" in saved and "decode_canary" in current:
+        from zephon.images.canary import canary_mismatch
+
+        mismatch = canary_mismatch(saved["decode_canary"], current["decode_canary"])
+        if mismatch is not None:
+            raise StateError(f"cannot resume: {mismatch}")
     changed = []
     if "phases" not in saved and "phases" not in current:
         fields: Sequence[str] = FINGERPRINT_FIELDS

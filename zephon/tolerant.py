@@ -41,6 +41,10 @@ class DroppingReader:
     def read_range(self, start: int, end: int) -> list[Any]:
         return read_or_recover(self.reader, start, end, self._drop)
 
+    def drop(self, i: int, exc: DataError) -> None:
+        """Record document `i` as dropped for `exc` (an image found bad after reading)."""
+        self._drop(i, exc)
+
     def _drop(self, i: int, exc: DataError) -> Any:
         with self._lock:
             if i not in self.dropped:

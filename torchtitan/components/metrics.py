@@ -7,11 +7,13 @@ import json
 import logging
 import math
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
 import torch
 
+from torchtitan.components.source_metrics import PhaseMixture
 from torchtitan.config.job_config import MetricsConfig
 from zephon.files import atomic_write
 
@@ -41,6 +43,14 @@ class StepMetrics:
     """Model FLOPs utilisation (GPU only)."""
     bad_records_dropped: int | None = None
     """Records replaced by empty documents so far (recipe bad_records = "drop")."""
+    skipped_updates: int = 0
+    """Steps of this run whose update was skipped (non-finite loss or gradient norm)."""
+    phase: str | None = None
+    """The recipe's data phase of this step (None: a recipe without phases)."""
+    phase_shares: dict[str, float] | None = None
+    """Token share of each source over the phase's logged steps so far."""
+    scheduled_shares: dict[str, float] | None = None
+    """The share the phase's weights give each source (0: paused)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -67,13 +77,21 @@ def format_step(m: StepMetrics) -> str:
         parts.append(f"mfu {100 * m.mfu:.1f}%")
     if m.digest:
         parts.append(f"digest {m.digest[:16]}")
+    if m.phase is not None:
+        parts.append(f"phase {m.phase}")
     if m.source_tokens:
         total = sum(m.source_tokens.values()) or 1
         parts.append(
             "mix " + " ".join(f"{k} {100 * v / total:.0f}%" for k, v in m.source_tokens.items())
         )
+    if m.phase_shares and m.scheduled_shares:
+        so_far = " ".join(f"{k} {100 * v:.0f}%" for k, v in m.phase_shares.items())
+        target = " ".join(f"{100 * v:.0f}%" for v in m.scheduled_shares.values())
+        parts.append(f"{m.phase} so far {so_far} (target {target})")
     if m.bad_records_dropped:
         parts.append(f"bad records dropped {m.bad_records_dropped}")
+    if m.skipped_updates:
+        parts.append(f"updates skipped {m.skipped_updates}")
     return " | ".join(parts)
 
 
@@ -85,6 +103,10 @@ def _source_scalars(m: StepMetrics) -> dict[str, float]:
         out[f"source_token_share/{name}"] = v / total
     for name, v in (m.source_docs or {}).items():
         out[f"source_docs/{name}"] = v
+    for name, v in (m.phase_shares or {}).items():
+        out[f"phase_source_share/{name}"] = v
+    for name, v in (m.scheduled_shares or {}).items():
+        out[f"scheduled_source_share/{name}"] = v
     return out
 
 
@@ -138,7 +160,9 @@ class MetricsLogger:
     """Writes each step to the log, and to TensorBoard / a JSONL file when enabled.
 
     The JSONL file is appended to (a resumed run continues the same file) and
-    flushed every line, so it is complete up to a crash.
+    flushed every line, so it is complete up to a crash. With data phases it
+    also sums each phase's per-source tokens (seeded from the file's earlier
+    records), so every step carries the phase's realised mixture so far.
     """
 
     def __init__(
@@ -156,6 +180,7 @@ class MetricsLogger:
 
             self._tb = SummaryWriter(log_dir=tb_folder)
         self._jsonl: TextIO | None = None
+        self._mixture = PhaseMixture.from_jsonl(jsonl_path) if jsonl_path else PhaseMixture()
         if jsonl_path:
             os.makedirs(os.path.dirname(jsonl_path) or ".", exist_ok=True)
             self._jsonl = open(jsonl_path, "a", encoding="utf-8")
@@ -179,6 +204,8 @@ class MetricsLogger:
 
     def log(self, m: StepMetrics) -> str:
         """Record one step; returns the log line."""
+        if m.phase is not None and m.source_tokens and m.phase_shares is None:
+            m = replace(m, phase_shares=self._mixture.add(m.phase, m.source_tokens))
         line = format_step(m)
         logger.info(line)
         if self._tb is not None or self._wandb is not None:
@@ -210,6 +237,7 @@ class MetricsLogger:
                 "step_time_s": m.step_time_s,
                 "data_wait_s": m.data_wait_s,
                 "digest": m.digest,
+                "time": round(time.time(), 3),  # wall clock: when the step was logged
             }
             if m.source_tokens is not None:  # absent for loaders that do not count
                 record["source_tokens"] = m.source_tokens
@@ -220,6 +248,14 @@ class MetricsLogger:
                 record["memory_gib"] = m.memory_gib
             if m.bad_records_dropped is not None:
                 record["bad_records_dropped"] = m.bad_records_dropped
+            if m.skipped_updates:
+                record["skipped_updates"] = m.skipped_updates
+            if m.phase is not None:  # recipes with [[phase]] tables only
+                record["phase"] = m.phase
+                record["tokens"] = m.tokens
+                if m.phase_shares is not None:
+                    record["phase_shares"] = m.phase_shares
+                    record["scheduled_shares"] = m.scheduled_shares
             self._jsonl.write(json.dumps(record) + "\n")
             self._jsonl.flush()
         return line

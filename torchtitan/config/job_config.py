@@ -67,6 +67,12 @@ class Training:
     """Rows per optimizer step, summed over all data-parallel ranks."""
     local_batch_size: int = 4
     """Rows per micro-batch on one rank; the rest is gradient accumulation."""
+    local_batch_tokens: int = 0
+    """Tokens per micro-batch on one rank instead of local_batch_size (0 = off): each
+    data phase runs micro-batches of local_batch_tokens / its seq_len rows, so memory
+    stays flat when a phase lengthens seq_len. A multiple of every phase's seq_len.
+    Exclusive with local_batch_size: both in one place is an error; the command line's
+    choice replaces the config file's."""
     steps: int = 50
     """Optimizer steps; 0 builds and initialises the model (and validates) only."""
     seed: int = 0
@@ -79,12 +85,17 @@ class Training:
     deterministic: bool = False
     log_init_digest: bool = False
     """Log a SHA-256 of the initial weights (gathers full tensors: small models only)."""
+    max_nonfinite_steps: int = 3
+    """A step whose loss or gradient norm is NaN/inf is not applied (its batch is still
+    consumed); this many such steps in a row stop the job (exit 2) with a message naming
+    the newest finite checkpoint."""
 
 
 @dataclass
 class Parallelism:
     data_parallel_replicate_degree: int = 1
-    """HSDP replicas (outer dimension: typically one per node group)."""
+    """HSDP replicas (outer dimension: typically one per node group); -1 = one per node
+    of the launch (torchrun's node count), so it follows the job across elastic restarts."""
     data_parallel_shard_degree: int = -1
     """FSDP degree within a replica; -1 = the processes left over by the other degrees."""
     tensor_parallel_degree: int = 1
@@ -140,6 +151,9 @@ class LRScheduler:
     decay_type: Literal["linear", "cosine"] = "linear"
     min_lr_factor: float = 0.1
     """Final learning rate as a fraction of optimizer.lr."""
+    decay_phase: str = ""
+    """A data phase of the recipe (by name) whose steps the decay spans exactly, e.g.
+    "anneal", instead of the last decay_ratio of training.steps; "" = off."""
 
 
 @dataclass
@@ -191,6 +205,21 @@ class JobConfig:
     metrics: Metrics = field(default_factory=Metrics)
     validation: Validation = field(default_factory=Validation)
     data: Data = field(default_factory=Data)
+
+    def __post_init__(self) -> None:
+        # (section, field) -> where it was set ("config file 'x'", "command line (--y)");
+        # filled by load_job_config. Not a field: never part of to_dict or equality.
+        self.provenance: dict[tuple[str, str], str] = {}
+
+    def set_by(self, section: str, name: str) -> str | None:
+        """Where `[section] name` was set on purpose (config file or command line),
+        or None when it holds its default."""
+        return self.provenance.get((section, name))
+
+    def explicit_shape(self) -> tuple[str, ...]:
+        """Which of training.seq_len and training.global_batch_size the user set on
+        purpose: a recipe's first data phase may not disagree with those."""
+        return tuple(n for n in ("seq_len", "global_batch_size") if self.set_by("training", n))
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain nested dict (section -> field -> value), e.g. for logging."""
@@ -393,9 +422,16 @@ def _check_ranges(cfg: JobConfig, provenance: dict[tuple[str, str], str]) -> Non
         ("training", "seq_len", lambda v: v >= 1, "an integer >= 1"),
         ("training", "global_batch_size", lambda v: v >= 1, "an integer >= 1"),
         ("training", "local_batch_size", lambda v: v >= 1, "an integer >= 1"),
+        ("training", "local_batch_tokens", lambda v: v >= 0, "0 (off) or tokens >= 1"),
         ("training", "steps", lambda v: v >= 0, "an integer >= 0 (0: initialise only)"),
         ("training", "max_norm", lambda v: v > 0, "a number > 0"),
-        ("parallelism", "data_parallel_replicate_degree", lambda v: v >= 1, "an integer >= 1"),
+        ("training", "max_nonfinite_steps", lambda v: v >= 1, "an integer >= 1"),
+        (
+            "parallelism",
+            "data_parallel_replicate_degree",
+            lambda v: v == -1 or v >= 1,
+            "-1 (one replica per node) or an integer >= 1",
+        ),
         ("parallelism", "data_parallel_shard_degree", lambda v: v == -1 or v >= 1, "-1 or >= 1"),
         ("parallelism", "tensor_parallel_degree", lambda v: v >= 1, "an integer >= 1"),
         ("parallelism", "max_idle_share", lambda v: 0 <= v <= 1, "a share in [0, 1]"),
@@ -468,7 +504,31 @@ def load_job_config(argv: list[str] | None = None) -> JobConfig:
     _apply_cli(cfg, overrides, provenance)
     cfg.job.config_file = config_file
     _check_ranges(cfg, provenance)
+    _one_micro_batch_size(cfg, provenance)
+    cfg.provenance = provenance
     return cfg
+
+
+def _one_micro_batch_size(cfg: JobConfig, provenance: dict[tuple[str, str], str]) -> None:
+    """training.local_batch_size and local_batch_tokens are two ways to say one thing:
+    both from the same place is an error; across places the command line wins."""
+    rows, tokens = ("training", "local_batch_size"), ("training", "local_batch_tokens")
+    if rows not in provenance or tokens not in provenance or not cfg.training.local_batch_tokens:
+        return
+    rows_cli, tokens_cli = (provenance[k].startswith("command line") for k in (rows, tokens))
+    if rows_cli == tokens_cli:
+        raise ConfigError(
+            f"{provenance[tokens]}: [training] local_batch_tokens = "
+            f"{cfg.training.local_batch_tokens} and local_batch_size = "
+            f"{cfg.training.local_batch_size} ({provenance[rows]}) both set the micro-batch; "
+            "set one of them"
+        )
+    if tokens_cli:  # the command line's tokens replace the config file's rows
+        cfg.training.local_batch_size = Training.local_batch_size
+        del provenance[rows]
+    else:
+        cfg.training.local_batch_tokens = 0
+        del provenance[tokens]
 
 
 def to_toml(cfg: JobConfig) -> str:

@@ -68,6 +68,12 @@ class RankLoader(Protocol):
         """Continue from a saved document (after `check_resumable` passed)."""
         ...
 
+    def needs_merged_state(self) -> bool:
+        """Whether the next step starts a phase with another lane count that this
+        rank cannot enter alone: it needs `load_state` of every rank's merged state
+        first. The same answer on every rank (the glue runs a collective on it)."""
+        ...
+
     def dropped_records(self) -> int | None:
         """Bad records this rank dropped so far; None when this loader does not
         drop records (the same answer on every rank, so the glue can skip the

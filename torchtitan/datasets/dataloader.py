@@ -1,7 +1,9 @@
 """The trainer's data glue: build this rank's loader from `[data]` and run the
 collectives around it: the global batch digest, the checkpoint state of all
-ranks, the dropped-records count. It speaks only the loader contract
-(`contract.RankLoader`), so it never asks which loader kind runs.
+ranks, the dropped-records count, and the merged state every rank needs before
+the first step of a phase that changes the lane count. It speaks only the
+loader contract (`contract.RankLoader`), so it never asks which loader kind
+runs. The startup checks of `[data]` and `[validation]` live here too.
 
 Collectives run over the data-parallel group (one per tensor-parallel
 coordinate), never the world: tensor-parallel peers hold the same batch and
@@ -9,6 +11,7 @@ would otherwise be counted twice."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -18,9 +21,12 @@ import torch.distributed as dist
 from torchtitan.config.job_config import ConfigError, JobConfig
 from torchtitan.datasets.contract import RankLoader, TrainBatch
 from torchtitan.datasets.hf_adapter import HFBaselineAdapter
+from torchtitan.datasets.schedule import DataSchedule, micro_rows
 from torchtitan.datasets.zephon_adapter import ZephonAdapter
 from zephon import Layout, LayoutError, global_batch_digest, load_recipe, plan_layout
 from zephon.recipe import Recipe
+
+logger = logging.getLogger("torchtitan")
 
 DIGEST_BYTES = 32
 
@@ -47,6 +53,9 @@ class TrainDataLoader:
         collectives run (a CUDA device under NCCL)."""
         self.loader = loader
         self.dp_size = dp_size
+        # The document gather_state made since the last batch (a checkpoint of this
+        # step), reused when the next step changes the lane count.
+        self._gathered: dict[str, Any] | None = None
         self.dp_group, self.tp_group = dp_group, tp_group
         self.device = device or torch.device("cpu")
 
@@ -74,7 +83,20 @@ class TrainDataLoader:
         return self.loader.source_names
 
     def next_batch(self) -> TrainBatch | None:
-        """This rank's batch, or None when the data ended on this rank."""
+        """This rank's batch, or None when the data ended on this rank.
+
+        Collective before the first step of a phase that changes the lane count
+        (every rank asks the same schedule, so all or none call it): the new lanes
+        are dealt from every old lane's boundary point, so every rank first gets
+        the merged state of all ranks: the one the boundary checkpoint just
+        gathered, or one gather here."""
+        if self.loader.needs_merged_state():
+            how = "the boundary checkpoint's" if self._gathered is not None else "gathered now"
+            doc = self._gathered if self._gathered is not None else self.gather_state()
+            self.restore(doc)
+            logger.info(f"lane-count change: every rank took the merged loader state of "
+                        f"{self.dp_size} data-parallel ranks ({how})")  # fmt: skip
+        self._gathered = None
         return self.loader.next_batch()
 
     def global_digest(self, batch: TrainBatch) -> str:
@@ -109,7 +131,8 @@ class TrainDataLoader:
         (on every rank); `dp_size` in it is the data-parallel size."""
         states: list[Any] = [None] * self.dp_size
         dist.all_gather_object(states, self.loader.state_dict(), group=self.dp_group)
-        return self.loader.merge_states(states)
+        self._gathered = self.loader.merge_states(states)
+        return self._gathered
 
     def check_resumable(self, doc: dict[str, Any]) -> None:
         """Fail before any training step if the saved data state cannot be continued."""
@@ -167,55 +190,124 @@ def check_validation_ends(cfg: JobConfig, recipe: Recipe) -> None:
         )
 
 
+def _micro_setting(cfg: JobConfig) -> str:
+    t = cfg.training
+    if t.local_batch_tokens:
+        return f"training.local_batch_tokens={t.local_batch_tokens}"
+    return f"training.local_batch_size={t.local_batch_size}"
+
+
+def _job_micro_rows(cfg: JobConfig, seq_len: int) -> int:
+    """Micro-batch rows at the job's own seq_len (a recipe without phases, the
+    validation recipe, the hf baseline)."""
+    t = cfg.training
+    if t.local_batch_tokens and (t.local_batch_tokens % seq_len or t.local_batch_tokens < seq_len):
+        raise LayoutError(
+            f"training.local_batch_tokens {t.local_batch_tokens} is not a whole number of rows "
+            f"of training.seq_len {seq_len}; use a multiple of {seq_len}"
+        )
+    return micro_rows(t.local_batch_size, t.local_batch_tokens or None, seq_len)
+
+
 def check_startup(
     cfg: JobConfig, dp_size: int, lanes: int | None, max_seq_len: int, recipe: str = ""
 ) -> Layout | None:
-    """The startup validator: each failure is one message naming the numbers.
+    """The startup validator for the job's own shape (training.seq_len and
+    global_batch_size): each failure is one message naming the numbers.
     Returns the Zephon layout (None for the hf loader): any data-parallel size up
     to the lane count, its padding refused only above `parallelism.max_idle_share`.
-    The hf baseline splits the global batch evenly and keeps requiring G % D."""
+    The hf baseline splits the global batch evenly and keeps requiring G % D.
+    A training recipe with phases is checked phase by phase (`check_phases`)."""
     t = cfg.training
     if t.seq_len > max_seq_len:
         raise LayoutError(
             f"training.seq_len {t.seq_len} exceeds the model's limit of {max_seq_len} tokens "
             f"(model.flavor {cfg.model.flavor!r}); use seq_len <= {max_seq_len}"
         )
+    micro = _job_micro_rows(cfg, t.seq_len)
     if lanes is not None:
         try:
             return plan_layout(
-                lanes,
-                dp_size,
-                t.global_batch_size,
-                t.local_batch_size,
-                cfg.parallelism.max_idle_share,
+                lanes, dp_size, t.global_batch_size, micro, cfg.parallelism.max_idle_share
             )
         except LayoutError as exc:
             raise LayoutError(
                 f"{exc} [training.global_batch_size={t.global_batch_size}, "
-                f"training.local_batch_size={t.local_batch_size}, data-parallel size={dp_size}, "
+                f"{_micro_setting(cfg)}, data-parallel size={dp_size}, "
                 f"parallelism.max_idle_share={cfg.parallelism.max_idle_share}, "
                 f"lanes={lanes} from {recipe or cfg.data.recipe}]"
             ) from None
     local, rem = divmod(t.global_batch_size, dp_size)
-    if rem or local % t.local_batch_size:
+    if rem or local % micro:
         raise LayoutError(
             f"training.global_batch_size {t.global_batch_size} must split into {dp_size} ranks "
-            f"x whole micro-batches of training.local_batch_size {t.local_batch_size}: the hf "
+            f"x whole micro-batches of {micro} rows ({_micro_setting(cfg)}): the hf "
             "baseline splits the global batch evenly (uneven data-parallel sizes are the "
             "zephon loader's)"
         )
     return None
 
 
-def check_data_startup(cfg: JobConfig, dp_size: int, max_seq_len: int) -> Layout | None:
+def check_phases(
+    cfg: JobConfig, plan: DataSchedule, dp_size: int, from_step: int, max_seq_len: int
+) -> dict[str | None, Layout]:
+    """Every phase of the training recipe not finished after `from_step` steps (the
+    start or resume step), checked now rather than when it is reached: its seq_len
+    within the model's limit, its layout for `dp_size` ranks with the micro-batch
+    rule and `parallelism.max_idle_share`. Returns each phase's layout by name."""
+    for p in plan.unfinished(from_step):
+        if p.seq_len > max_seq_len:
+            what = (
+                "training.seq_len"
+                if p.name is None
+                else f"{p.label} (from step {p.start_step}): seq_len"
+            )
+            raise LayoutError(
+                f"{what} {p.seq_len} exceeds the model's limit of {max_seq_len} tokens "
+                f"(model.flavor {cfg.model.flavor!r}); use seq_len <= {max_seq_len}"
+            )
+    t = cfg.training
+    try:
+        return plan.schedule.layouts(
+            dp_size,
+            None if t.local_batch_tokens else t.local_batch_size,
+            from_step,
+            t.local_batch_tokens or None,
+            cfg.parallelism.max_idle_share,
+        )
+    except LayoutError as exc:
+        first = plan.phases[0]
+        raise LayoutError(
+            f"{exc} [{_micro_setting(cfg)}, data-parallel size={dp_size}, "
+            f"parallelism.max_idle_share={cfg.parallelism.max_idle_share}, "
+            f"global batch size {first.global_batch_size} and lanes={first.lanes} at the start, "
+            f"from {plan.recipe_path}; phases checked from step {from_step}]"
+        ) from None
+
+
+def check_data_startup(
+    cfg: JobConfig, dp_size: int, max_seq_len: int, plan: DataSchedule, from_step: int = 0
+) -> dict[str | None, Layout]:
     """Every start-up check of `[data]` and `[validation]`, before the mesh and the
-    model are built. Returns the training layout (None for the hf loader)."""
-    lanes = load_recipe(cfg.data.recipe).lanes if cfg.data.loader == "zephon" else None
-    layout = check_startup(cfg, dp_size, lanes, max_seq_len)
+    model are built: the training recipe's phases not finished after `from_step`
+    steps, each with its layout (none for the hf loader), and the validation recipe."""
+    if cfg.data.loader == "zephon":
+        layouts = check_phases(cfg, plan, dp_size, from_step, max_seq_len)
+    else:
+        first, t = plan.phases[0], cfg.training
+        if (first.seq_len, first.global_batch_size) != (t.seq_len, t.global_batch_size):
+            raise LayoutError(
+                f"{plan.recipe_path}: {first.label} sets seq_len {first.seq_len} and global batch "
+                f"size {first.global_batch_size}, but the hf baseline loader reads the job's "
+                f"training.seq_len {t.seq_len} and global_batch_size {t.global_batch_size}; "
+                "set them to the phase's, or use --data.loader zephon"
+            )
+        check_startup(cfg, dp_size, None, max_seq_len)
+        layouts = {}
     if cfg.validation.enable:
         if not cfg.validation.recipe:
             raise ConfigError("validation.enable = true needs validation.recipe")
         val_recipe = load_recipe(cfg.validation.recipe)
         check_startup(cfg, dp_size, val_recipe.lanes, 1 << 30, cfg.validation.recipe)
         check_validation_ends(cfg, val_recipe)
-    return layout
+    return layouts

@@ -68,6 +68,9 @@ class HFBaselineAdapter:
     def load_state(self, doc: dict[str, Any]) -> None:
         self.loader.load_state_dict(doc["ranks"], mode=self.resume_mode)
 
+    def needs_merged_state(self) -> bool:
+        return False  # one fixed mixture and lane-free: no lane-count changes
+
     def dropped_records(self) -> int | None:
         return None  # the baseline keeps no count of dropped records
 

@@ -3,7 +3,9 @@
 Zephon's own API stays as it is; this adapter maps it onto the contract: the
 end of the data becomes None, rank states merge into one document with
 `merge_rank_states`, and a resume is checked (header, fingerprint) before any
-training step.
+training step. The job config tells the loader which of seq_len and the global
+batch size the user set on purpose (a recipe's first phase may not disagree)
+and the micro-batch rule (rows, or tokens per micro-batch, phase by phase).
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ class ZephonAdapter:
             d.tokenizer,
             t.seq_len,
             t.global_batch_size,
-            t.local_batch_size,
+            None if t.local_batch_tokens else t.local_batch_size,
             dp_rank,
             dp_size,
             num_workers=None if d.num_workers < 0 else d.num_workers,
             prefetch=None if d.prefetch < 0 else d.prefetch,
+            explicit=cfg.explicit_shape(),
+            micro_batch_tokens=t.local_batch_tokens or None,
         )
 
     @property
@@ -59,6 +63,9 @@ class ZephonAdapter:
 
     def load_state(self, doc: dict[str, Any]) -> None:
         self.loader.load_state_dict(doc)
+
+    def needs_merged_state(self) -> bool:
+        return self.loader.needs_boundary_state
 
     def dropped_records(self) -> int | None:
         if self.loader.recipe.bad_records != "drop":

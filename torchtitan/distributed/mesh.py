@@ -31,13 +31,24 @@ class ParallelDims:
         return self.dp_replicate * self.dp_shard
 
     @classmethod
-    def from_config(cls, p: Parallelism, world_size: int) -> ParallelDims:
-        """Resolve `data_parallel_shard_degree = -1` and check the product is the world."""
+    def from_config(cls, p: Parallelism, world_size: int, nodes: int = 1) -> ParallelDims:
+        """Resolve `data_parallel_replicate_degree = -1` (one replica per node: `nodes`,
+        the launch's node count, which an elastic restart may change) and
+        `data_parallel_shard_degree = -1`, and check the product is the world."""
         rep, shard, tp = (
             p.data_parallel_replicate_degree,
             p.data_parallel_shard_degree,
             p.tensor_parallel_degree,
         )
+        if rep == -1:
+            rep = nodes
+            if world_size % (rep * tp):
+                raise ConfigError(
+                    f"parallelism: data_parallel_replicate_degree = -1 asks for one replica per "
+                    f"node, but {world_size} processes on {nodes} node(s) x "
+                    f"tensor_parallel_degree {tp} do not split evenly; launch the same number "
+                    "of processes on every node, a multiple of the tensor-parallel degree"
+                )
         if shard == -1:
             if world_size % (rep * tp):
                 raise ConfigError(

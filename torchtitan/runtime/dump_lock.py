@@ -1,10 +1,13 @@
 """One writer per dump folder: `<dump>/LOCK.json`, held by global rank 0's trainer.
 
-The lock names its holder (host, pid, process start time, job start) and a
-lease renewed every few seconds. A second job is refused with the holder's
-name while the holder lives: on the same host the pid must still run with the
-same start time; on another host the lease must be fresh. A dead holder's lock
-is taken over (with a warning).
+The lock names its holder (host, pid, process start time, job start, the
+rendezvous run id) and a lease renewed every few seconds. A second job is
+refused with the holder's name while the holder lives: on the same host the pid
+must still run with the same start time; on another host the lease must be
+fresh. A dead holder's lock is taken over (with a warning). A holder with this
+job's own run id (`TORCHELASTIC_RUN_ID`) is an earlier attempt of the same
+job, before an elastic restart: the new rank 0, on whatever host, takes it over
+at once, and the old holder stops renewing a lock that is no longer its own.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ class DumpLock:
             "pid": os.getpid(),
             "proc_start": _proc_start(os.getpid()),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
         }
         self.held = False
         self._renewed = 0.0
@@ -74,8 +78,11 @@ class DumpLock:
         except (OSError, ValueError):
             return {}  # half-written or garbage: treated as a dead holder
 
+    def _same_job(self, holder: dict[str, Any]) -> bool:
+        return bool(self.me["run_id"]) and holder.get("run_id") == self.me["run_id"]
+
     def _holder_alive(self, holder: dict[str, Any]) -> bool:
-        if not holder:
+        if not holder or self._same_job(holder):
             return False
         if holder.get("host") == self.me["host"]:
             return _alive_here(holder)
@@ -97,8 +104,13 @@ class DumpLock:
                         f"{holder.get('started')} ({self.path}). Stop that job or choose "
                         "another --job.dump_folder"
                     ) from None
+                whose = (
+                    f"an earlier attempt of this job (run id {self.me['run_id']})"
+                    if self._same_job(holder)
+                    else "a job that is gone"
+                )
                 logger.warning(
-                    f"taking over {self.path} from a job that is gone (pid {holder.get('pid')} "
+                    f"taking over {self.path} from {whose} (pid {holder.get('pid')} "
                     f"on {holder.get('host')}, started {holder.get('started')})"
                 )
                 # Rename away, then create exclusively: of two jobs taking over at
@@ -115,9 +127,20 @@ class DumpLock:
             return
         raise DumpFolderLocked(f"{self.path}: could not take the lock (another job races for it)")
 
+    def _mine(self, holder: dict[str, Any] | None) -> bool:
+        return (
+            bool(holder)
+            and holder.get("pid") == self.me["pid"]
+            and holder.get("host") == self.me["host"]
+        )
+
     def renew(self) -> None:
-        """Refresh the lease (cheap; called from the monitor thread)."""
+        """Refresh the lease (cheap; called from the monitor thread); a lock taken
+        over by a later attempt of this job is left to it."""
         if not self.held or time.time() - self._renewed < LEASE_S / 6:
+            return
+        if not self._mine(self._read()):
+            self.held = False
             return
         atomic_write(self.path, self._doc())
         self._renewed = time.time()
@@ -125,7 +148,6 @@ class DumpLock:
     def release(self) -> None:
         if not self.held:
             return
-        holder = self._read()
-        if holder and holder.get("pid") == self.me["pid"] and holder.get("host") == self.me["host"]:
+        if self._mine(self._read()):
             os.remove(self.path)
         self.held = False

@@ -19,12 +19,19 @@ import traceback
 from typing import Any
 
 from torchtitan.components.checkpoint import CheckpointError
+from torchtitan.components.divergence import TrainingDiverged
 from torchtitan.config.job_config import ConfigError
 from zephon.errors import DataError, ZephonError
 from zephon.files import atomic_write
 
 ERROR_DIR_ENV = "TORCHTITAN_ERROR_DIR"
-USER_ERRORS: tuple[type[BaseException], ...] = (ZephonError, ConfigError, CheckpointError)
+# Input errors: exit 2, and an elastic launch does not retry them (agent.py).
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ZephonError,
+    ConfigError,
+    CheckpointError,
+    TrainingDiverged,
+)
 EXIT_USER, EXIT_CRASH = 2, 1
 KINDS = {"user": EXIT_USER, "crash": EXIT_CRASH, "hang": EXIT_CRASH, "orphan": EXIT_CRASH}
 

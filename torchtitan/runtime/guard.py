@@ -1,8 +1,9 @@
 """The trainer's side of the runtime checks, in one object: start the monitor,
-take the dump-folder lock (global rank 0), publish phases, report a failure.
+take the dump-folder lock (global rank 0), publish phases, watch for stop
+requests (preemption.py), report a failure.
 
-`set_phase` is module-level so the training loop can mark what it is doing
-without carrying the guard around.
+`set_phase` and `stop_requests` are module-level so the training loop can use
+them without carrying the guard around.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from torchtitan.config.job_config import JobConfig
 from torchtitan.runtime import failure
 from torchtitan.runtime.dump_lock import DumpLock
 from torchtitan.runtime.monitor import RankMonitor, connect_store
+from torchtitan.runtime.preemption import StopRequests
 
 _current: JobGuard | None = None
 
@@ -19,6 +21,11 @@ def set_phase(phase: str, step: int | None = None) -> None:
     """What this rank does now ("data", "collective", "save"...), for the heartbeat."""
     if _current is not None and _current.monitor is not None:
         _current.monitor.set_phase(phase, step)
+
+
+def stop_requests() -> StopRequests | None:
+    """This rank's stop requests (signals, its launcher's mark), once the guard exists."""
+    return _current.stop if _current is not None else None
 
 
 class JobGuard:
@@ -32,6 +39,7 @@ class JobGuard:
         self.monitor: RankMonitor | None = RankMonitor(
             store, rank, world_size, cfg.job.heartbeat_timeout_s, on_tick, on_exit
         )
+        self.stop = StopRequests(rank, on_exit)
         _current = self
 
     def start(self) -> None:

@@ -1,12 +1,21 @@
 """`python -m torchtitan.runtime.launcher [torchrun arguments]`: torchrun that
-reports a failure once and exits 2 for the user's input, 1 for anything else.
+reports a failure once, restarts only what a restart can fix, and stops cleanly.
 
 It runs torch.distributed.run in this process with an error folder for the
 node (`TORCHTITAN_ERROR_DIR`); a failing rank writes its message there (see
 failure.py). On failure the launcher prints that message, instead of
 torchrun's ChildFailedError report, whatever rank it came from, so
-`--local-ranks-filter 0` hides nothing. On node 0 a failure of another node
-arrives as global rank 0's summary.
+`--local-ranks-filter 0` hides nothing, and exits 2 for the user's input, 1
+for anything else. On node 0 a failure of another node arrives as global
+rank 0's summary.
+
+Elastic launches (`--nnodes MIN:MAX`, `--max-restarts`) use the restart
+policy of agent.py. SIGTERM, SIGINT (Ctrl-C) and SIGUSR1 are the launcher's
+own (preemption.py): the first asks the ranks to stop after a checkpoint of
+the current step, and the launcher then exits with `PREEMPT_EXIT_CODE`
+(default 3); a second one stops at once. Workers get their rendezvous store
+from the rank-0 worker of each round, not from the agent, so a restart never
+reuses a store of an earlier round.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ import sys
 import tempfile
 from typing import Any
 
-from torchtitan.runtime import failure
+from torchtitan.runtime import failure, preemption
 
 
 def _records(folder: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
@@ -68,19 +77,61 @@ def report_failures(folder: str, failures: dict[int, Any]) -> int:
     return failure.EXIT_CRASH
 
 
+def report_stop(folder: str) -> int | None:
+    """After the workers exited: the preemption exit status, with one line, if
+    they stopped early with a checkpoint; None otherwise."""
+    records = preemption.stop_records(folder)
+    if not records:
+        return None
+    code = preemption.exit_code()
+    rec = records[0]
+    print(
+        f"stopped at step {rec['step']} ({rec['reason']}): {rec['what']}; exit {code} "
+        "(run the same command again to resume)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from torchtitan.runtime import agent
 
     folder = tempfile.mkdtemp(prefix="torchtitan-errors-")
     os.environ[failure.ERROR_DIR_ENV] = folder
-    # torchrun's own report of a failed worker repeats what report_failures says.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    # A fresh store per rendezvous round (the agent's shared store keeps the keys
+    # and the address of an earlier round across a restart).
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
+    args.signals_to_handle = "SIGHUP,SIGQUIT"  # the stop signals are ours
+    agent.install(folder)
+    # torchrun's own reports repeat what report_failures and agent.say print; its
+    # modules set their loggers' levels themselves, so each is quietened.
+    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    signals = preemption.LauncherSignals(folder, agent.workers_running)
+    signals.install()
     try:
-        torchrun.run(torchrun.parse_args(sys.argv[1:] if argv is None else argv))
-        return 0
+        torchrun.run(args)
+        stopped = report_stop(folder)
+        return 0 if stopped is None else stopped
     except ChildFailedError as exc:
-        return report_failures(folder, exc.failures)
+        stopped = report_stop(folder)
+        return report_failures(folder, exc.failures) if stopped is None else stopped
+    except SignalException as exc:
+        first = signals.received or signal.Signals(exc.sigval).name
+        print(
+            f"stopped at once ({first}): no checkpoint of the current step; the newest "
+            "complete checkpoint is the resume point",
+            file=sys.stderr,
+            flush=True,
+        )
+        return preemption.exit_code()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -26,6 +26,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -39,9 +40,26 @@ FAILURE_KEY = "failure"
 FAILURE_COUNT = "failure_count"
 
 
+def worker_group_id() -> str:
+    """Collective at start-up: one id for this group of workers (an attempt, a
+    rendezvous round), the same on every rank: rank 0's random token. Keys under it
+    never meet an earlier attempt's (TORCHELASTIC_RESTART_COUNT differs between
+    nodes after a membership change, so it cannot serve)."""
+    token: list[str | None] = [uuid.uuid4().hex[:12] if dist.get_rank() == 0 else None]
+    if dist.get_world_size() > 1:
+        dist.broadcast_object_list(token, src=0)
+    return str(token[0])
+
+
 def connect_store(timeout_s: float = 30.0) -> dist.Store | None:
     """A client of the job's rendezvous store (torchrun's agent store, or the
-    process group's store for a plain single-process run)."""
+    process group's store for a plain single-process run). Collective when the
+    process group is up (see `worker_group_id`)."""
+    try:
+        group = worker_group_id() if dist.is_initialized() else "0"
+    except Exception as exc:  # a peer gone at start-up: the first collective says so
+        logger.warning(f"heartbeats off: the ranks could not agree on a group id: {exc}")
+        return None
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not host or not port:
         return None
@@ -57,8 +75,7 @@ def connect_store(timeout_s: float = 30.0) -> dist.Store | None:
         logger.warning(f"heartbeats off: cannot reach the rendezvous store {host}:{port}: {exc}")
         return None
     run = os.environ.get("TORCHELASTIC_RUN_ID", "local")
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"torchtitan/{run}/{attempt}/", store)
+    return dist.PrefixStore(f"torchtitan/{run}/{group}/", store)
 
 
 class RankMonitor:
@@ -88,7 +105,7 @@ class RankMonitor:
         self._beats = 0
         self._watched = (rank + 1) % world_size if world_size > 1 else None
         self._seen: tuple[str, float] | None = None
-        self._store_errors = 0
+        self._store_ok = time.monotonic()  # the last time the store answered
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="torchtitan-monitor", daemon=True)
 
@@ -194,10 +211,10 @@ class RankMonitor:
                     self._exit_for(rec)
                 if self.timeout_s > 0 and self._watched is not None:
                     self._watch()
-                self._store_errors = 0
+                self._store_ok = time.monotonic()
             except Exception as exc:
-                self._store_errors += 1
-                if self._store_errors * self.interval >= 10 and not self._done.is_set():
+                # Wall time, not a count of errors: a store that hangs fails slowly.
+                if time.monotonic() - self._store_ok >= 10 and not self._done.is_set():
                     self._orphan(f"the rendezvous store stopped answering ({exc})")
 
     def _orphan(self, why: str) -> None:

@@ -5,6 +5,12 @@ state), `dataloader.json` (the loader state of all ranks as one document) and,
 written last, `COMPLETE.json`. Only folders with that marker are resume
 points, so a save interrupted at any moment is never resumed from. DCP
 reshards model and optimizer when the number of processes or the mesh changes.
+The step after which a data phase starts is saved whatever the interval, and
+`keep_latest_k` neither prunes nor counts it (boundaries.py).
+
+Parameters that are not all finite are never saved; the manifest records
+whether the step's update was applied (finite), and `keep_latest_k` pruning
+keeps the newest finite step whatever its age (divergence.py).
 
 With `checkpoint.async_mode = "async"` the DCP files are written in the
 background: the loader state is captured at the saved step (synchronously),
@@ -19,7 +25,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from typing import Any
 
@@ -30,7 +36,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.stateful import Stateful
 
 from torchtitan.components.checkpoint import manifest
+from torchtitan.components.checkpoint.boundaries import prunable_steps
 from torchtitan.components.checkpoint.manifest import COMPLETE_FILE, LOADER_FILE, CheckpointError
+from torchtitan.components.divergence import params_finite
 from torchtitan.config.job_config import Checkpoint as CheckpointConfig
 from torchtitan.distributed.utils import all_gather_objects
 from zephon.files import atomic_write
@@ -135,13 +143,19 @@ class CheckpointManager:
         model: torch.nn.Module,
         optimizer: Any,
         lr_scheduler: Any,
+        boundaries: Collection[int] = (),
     ):
+        """`boundaries`: steps after which a data phase starts; each is saved
+        whatever the interval, and never pruned."""
         self.cfg = cfg
+        self.boundaries = frozenset(boundaries)
+        self._boundary_dirs: dict[str, bool] = {}
         self.folder = checkpoint_folder(cfg, dump_folder)
         self.state = _TrainState(model, optimizer, lr_scheduler)
         self.rank = dist.get_rank()
-        # (step, loader document, DCP future) of an asynchronous save in flight.
-        self._pending: tuple[int, dict[str, Any] | None, Future] | None = None
+        self._device = next(model.parameters()).device
+        # (step, loader document, DCP future, finite) of an asynchronous save in flight.
+        self._pending: tuple[int, dict[str, Any] | None, Future, bool] | None = None
         self._async_pg: dist.ProcessGroup | None = None
         if cfg.async_mode == "async":
             # The background writer runs its collectives on a (CPU) group of its
@@ -182,11 +196,30 @@ class CheckpointManager:
         return self.state.step
 
     def should_save(self, step: int, last_step: int) -> bool:
-        return self.cfg.enable and (step % self.cfg.interval == 0 or step == last_step)
+        return self.cfg.enable and (
+            step % self.cfg.interval == 0 or step == last_step or step in self.boundaries
+        )
 
-    def save(self, step: int, loader_state: Callable[[], dict[str, Any] | None]) -> None:
-        """Save `step`. `loader_state` is collective; it returns the document on rank 0."""
+    def newest_finite(self) -> tuple[int, str] | None:
+        """(step, folder) of the newest complete checkpoint recorded finite."""
+        step = manifest.newest_finite(self.folder)
+        return None if step is None else (step, self.step_dir(step))
+
+    def save(
+        self,
+        step: int,
+        loader_state: Callable[[], dict[str, Any] | None],
+        finite: bool = True,
+        wait: bool = False,
+    ) -> bool:
+        """Save `step` (collective); `finite`: its update was applied. `loader_state` is
+        collective; it returns the document on rank 0. Parameters that are not all
+        finite are never written: returns False and logs why. `wait`: finish an
+        asynchronous save before returning."""
         self.wait()  # one save in flight at a time
+        if not params_finite(self.state.model.parameters(), self._device):
+            logger.warning(f"step {step}: parameters are not finite: checkpoint NOT written")
+            return False
         t0 = time.perf_counter()
         path = self.step_dir(step)
         if self.rank == 0:
@@ -207,27 +240,50 @@ class CheckpointManager:
                 {"train": self.state}, checkpoint_id=path, process_group=self._async_pg
             )
             future = getattr(result, "upload_completion", result)
-            self._pending = (step, doc, future)
+            self._pending = (step, doc, future, finite)
             logger.info(f"checkpoint {path}: staged in {time.perf_counter() - t0:.2f}s, writing")
-            return
+            if wait:
+                self.wait()
+            return True
         dcp.save({"train": self.state}, checkpoint_id=path)
-        self.finalize_step_folder(step, loader_state())
+        self.finalize_step_folder(step, loader_state(), finite)
         logger.info(f"saved checkpoint {path} in {time.perf_counter() - t0:.2f}s")
+        return True
+
+    def verify(self, step: int) -> None:
+        """Collective: check the files of a step just written against its manifest
+        (checksums split across the ranks); raises CheckpointError naming the file."""
+        path, rank, world = self.step_dir(step), self.rank, dist.get_world_size()
+        error: str | None = None
+        if rank == 0:
+            try:
+                manifest.verify_step_dir(path, self.cfg.verify, (0, world))
+            except CheckpointError as exc:
+                error = str(exc)
+        elif self.cfg.verify == "full":
+            error = manifest.verify_share(path, rank, world)
+        errors = [e for e in all_gather_objects(error) if e]
+        if errors:
+            raise CheckpointError(
+                f"{path}: the checkpoint just written does not verify: {errors[0]}"
+            )
 
     def wait(self) -> None:
         """Collective: finish an asynchronous save in flight, if any."""
         if self._pending is None:
             return
-        step, doc, future = self._pending
+        step, doc, future, finite = self._pending
         self._pending = None
         t0 = time.perf_counter()
         future.result()  # raises if writing the DCP files failed
-        self.finalize_step_folder(step, doc)
+        self.finalize_step_folder(step, doc, finite)
         logger.info(
             f"saved checkpoint {self.step_dir(step)} (waited {time.perf_counter() - t0:.2f}s)"
         )
 
-    def finalize_step_folder(self, step: int, doc: dict[str, Any] | None) -> None:
+    def finalize_step_folder(
+        self, step: int, doc: dict[str, Any] | None, finite: bool = True
+    ) -> None:
         """Collective, once the DCP files of `step` are durable on every rank: write
         the loader state, then the completion marker that makes it a resume point."""
         path = self.step_dir(step)
@@ -247,15 +303,14 @@ class CheckpointManager:
         dist.all_gather_object(entries, mine)
         if self.rank == 0:
             files = {k: v for part in entries for k, v in part.items()}
-            marker = manifest.manifest_document(step, dist.get_world_size(), files)
+            marker = manifest.manifest_document(step, dist.get_world_size(), files, finite)
             atomic_write(os.path.join(path, COMPLETE_FILE), json.dumps(marker, indent=1))
             self._purge()
         dist.barrier()
 
     def _purge(self) -> None:
-        if self.cfg.keep_latest_k <= 0:
-            return
-        for old in self.complete_steps()[: -self.cfg.keep_latest_k]:
+        candidates = prunable_steps(self.folder, self.complete_steps(), self._boundary_dirs)
+        for old in manifest.steps_to_prune(self.folder, self.cfg.keep_latest_k, candidates):
             # Marker first: a half-deleted folder must not look complete.
             os.remove(os.path.join(self.step_dir(old), COMPLETE_FILE))
             shutil.rmtree(self.step_dir(old), ignore_errors=True)

@@ -78,7 +78,11 @@ def files_of_rank(step_dir: str, rank: int) -> list[str]:
     return out
 
 
-def manifest_document(step: int, world_size: int, files: dict[str, Any]) -> dict[str, Any]:
+def manifest_document(
+    step: int, world_size: int, files: dict[str, Any], finite: bool = True
+) -> dict[str, Any]:
+    """`finite`: the step's loss and gradient norm were finite (its update was
+    applied); pruning keeps the newest finite step (see `newest_finite`)."""
     return {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
@@ -86,6 +90,7 @@ def manifest_document(step: int, world_size: int, files: dict[str, Any]) -> dict
         "world_size": world_size,
         "time": time.time(),
         "checksum": CHECKSUM,
+        "finite": finite,
         "files": dict(sorted(files.items())),
     }
 
@@ -212,6 +217,36 @@ def marked_steps(folder: str) -> list[int]:
         for s in step_dirs(folder)
         if os.path.isfile(os.path.join(folder, f"step-{s}", COMPLETE_FILE))
     ]
+
+
+def step_finite(folder: str, step: int) -> bool:
+    """Whether a marked step was recorded finite; manifests written before the field
+    existed (or unreadable ones, which verification reports) count as finite."""
+    try:
+        with open(os.path.join(folder, f"step-{step}", COMPLETE_FILE), encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return True
+    return not (isinstance(doc, dict) and doc.get("finite") is False)
+
+
+def newest_finite(folder: str) -> int | None:
+    """The newest marked step recorded finite, or None."""
+    return next((s for s in reversed(marked_steps(folder)) if step_finite(folder, s)), None)
+
+
+def steps_to_prune(
+    folder: str, keep_latest_k: int, candidates: list[int] | None = None
+) -> list[int]:
+    """Complete steps that `keep_latest_k` removes: all but the newest k of
+    `candidates` (default: every complete step; the caller leaves out what is never
+    pruned, e.g. phase boundaries), except the newest finite step, whatever its age
+    (a run that diverged keeps its last good state). 0 keeps everything."""
+    if keep_latest_k <= 0:
+        return []
+    keep = newest_finite(folder)
+    steps = marked_steps(folder) if candidates is None else candidates
+    return [s for s in steps[:-keep_latest_k] if s != keep]
 
 
 def newest_verified(folder: str, mode: str, below: int | None = None) -> int | None:

@@ -21,6 +21,11 @@ def _load_source(spec: SourceSpec, cache_dir: str) -> Any:
     import datasets
 
     where = f"source '{spec.name}' ({', '.join(spec.paths)})"
+    if spec.multimodal:
+        raise DataError(
+            f"{where}: holds images; the hf baseline loader reads text only "
+            "(use --data.loader zephon)"
+        )
     try:
         if spec.format == "jsonl":
             ds = datasets.load_dataset(

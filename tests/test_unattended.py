@@ -1,0 +1,385 @@
+"""Unattended runs (issue 17, the runtime half): the divergence guard, finite
+checkpoints and pruning, stop requests and the stop-step agreement, the elastic
+agent's policy, the dump-folder lock across restarts, and the launch options of
+run_train.sh. Two end-to-end runs go through scripts/elastic_scenarios.py: an
+elastic job on 2 processes over 3 lanes (uneven) that loses an agent and is then
+stopped with Ctrl-C, and a run that diverges."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import json
+import multiprocessing
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from train_harness import data_digests, read_metrics
+
+from torchtitan.components.checkpoint import manifest
+from torchtitan.components.divergence import DivergenceGuard, fold_loss_into_grads
+from torchtitan.config.job_config import ConfigError, Parallelism
+from torchtitan.distributed.mesh import ParallelDims
+from torchtitan.runtime import agent, preemption
+from torchtitan.runtime.dump_lock import LOCK_FILE, DumpFolderLocked, DumpLock
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# -- divergence guard ---------------------------------------------------------------------------
+
+
+def test_guard_skips_nonfinite_steps_and_stops_naming_the_finite_checkpoint():
+    guard = DivergenceGuard(3, log=False)
+    assert guard.update_ok(1, 1.5) and guard.last_finite
+    assert not guard.update_ok(2, float("nan")) and not guard.last_finite
+    assert guard.update_ok(3, 2.0)  # a finite step resets the count in a row
+    assert [guard.update_ok(s, float("inf")) for s in (4, 5)] == [False, False]
+    assert not guard.should_stop()
+    assert not guard.update_ok(6, float("nan")) and guard.should_stop()
+    assert guard.skipped == 4
+    msg = str(guard.stop_error(6, (3, "/d/checkpoint/step-3")))
+    assert "not finite at steps 4..6 (3 in a row" in msg
+    assert "newest finite checkpoint is step 3 (/d/checkpoint/step-3)" in msg
+    assert "--checkpoint.load_step 3" in msg
+    assert "no finite checkpoint was written" in str(guard.stop_error(6, None))
+
+
+def test_a_nonfinite_loss_poisons_the_gradient_norm_and_a_finite_one_changes_no_bit():
+    p = torch.nn.Parameter(torch.zeros(3))
+    p.grad = torch.tensor([-0.0, 1.5, -2.25])
+    before = p.grad.clone()
+    fold_loss_into_grads(torch.tensor(4.0), [p])
+    assert torch.equal(p.grad, before) and torch.signbit(p.grad[0])  # bits, sign of zero too
+    fold_loss_into_grads(torch.tensor(float("inf")), [p])
+    assert torch.isnan(torch.nn.utils.get_total_norm([p.grad]))
+
+
+# -- finite checkpoints and pruning -----------------------------------------------------------
+
+
+def _marked(folder: Path, step: int, finite: bool | None) -> None:
+    d = folder / f"step-{step}"
+    d.mkdir(parents=True)
+    doc = manifest.manifest_document(step, 1, {})
+    if finite is None:
+        del doc["finite"]  # written before the field existed
+    else:
+        doc["finite"] = finite
+    (d / manifest.COMPLETE_FILE).write_text(json.dumps(doc))
+
+
+def test_pruning_keeps_the_newest_finite_step(tmp_path):
+    for step, finite in ((2, None), (4, True), (6, False), (8, False), (10, False)):
+        _marked(tmp_path, step, finite)
+    assert manifest.newest_finite(str(tmp_path)) == 4
+    assert manifest.steps_to_prune(str(tmp_path), 2) == [2, 6]
+    assert manifest.steps_to_prune(str(tmp_path), 0) == []
+    (tmp_path / "step-4" / manifest.COMPLETE_FILE).unlink()  # 4 gone: the legacy 2 is finite
+    assert manifest.newest_finite(str(tmp_path)) == 2
+    assert manifest.steps_to_prune(str(tmp_path), 1) == [6, 8]
+
+
+# -- the stop-step agreement over the whole world ------------------------------------------
+
+
+def _agree_rank(rank: int, world: int, init_file: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from torchtitan.runtime.agreement import agree
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=60))  # fmt: skip
+    try:
+        # Two tensor-parallel peers of one data-parallel rank (each its own
+        # data-parallel group): both hold the same batch of 10 valid tokens.
+        cpu = torch.device("cpu")
+        quiet = agree(10, False, 2, cpu)
+        asked = agree(10, rank == 1, 2, cpu)  # only the peer of TP coordinate 1 is asked
+        empty = agree(None if rank == 1 else 10, False, 2, cpu)
+        # The heartbeat keys' group id is the same on every rank (restart counts are
+        # not, after a membership change).
+        from torchtitan.runtime.monitor import worker_group_id
+
+        result = [quiet.__dict__, asked.__dict__, empty.__dict__, worker_group_id()]
+        Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_rank_agrees_on_the_stop_step_and_the_group_id(tmp_path):
+    world = 2
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_agree_rank, args=(r, world, str(tmp_path / "s"), str(tmp_path)))
+             for r in range(world)]  # fmt: skip
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        if p.exitcode is None:
+            p.kill()
+    assert [p.exitcode for p in procs] == [0] * world
+    ids = set()
+    for rank in range(world):
+        quiet, asked, empty, group = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert quiet == {"have_all": True, "n_valid": 10, "stop": False}
+        assert asked == {"have_all": True, "n_valid": 10, "stop": True}
+        assert not empty["have_all"]
+        ids.add(group)
+    assert len(ids) == 1
+
+
+# -- stop requests --------------------------------------------------------------------------
+
+
+def test_a_signal_or_the_launchers_mark_requests_a_stop(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHTITAN_ERROR_DIR", str(tmp_path))
+    saved = {s: signal.getsignal(s) for s in preemption.STOP_SIGNALS}
+    try:
+        stops = preemption.StopRequests(rank=1)
+        assert not stops.requested()
+        (tmp_path / preemption.STOP_REQUEST).write_text(json.dumps({"signal": "SIGTERM"}))
+        assert stops.requested() and stops.reason() == "SIGTERM to the launcher"
+        (tmp_path / preemption.STOP_REQUEST).unlink()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stops.requested() and stops.reason() == "SIGUSR1"
+        assert stops.finish(7, ("/d/step-7", 0.5)) == 0  # the launcher exits 3 for us
+        rec = json.loads((tmp_path / "stopped-1.json").read_text())
+        assert rec["step"] == 7 and "step-7 written and verified" in rec["what"]
+        assert preemption.stop_records(str(tmp_path)) == [rec]
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+
+
+def test_the_agents_own_sigterm_exits_at_once_and_a_second_signal_too(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHTITAN_ERROR_DIR", str(tmp_path))
+
+    def exit_now(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(preemption.os, "_exit", exit_now)
+    saved = {s: signal.getsignal(s) for s in preemption.STOP_SIGNALS}
+    try:
+        # The agent marks its folder before it stops its workers: not a preemption.
+        (tmp_path / preemption.AGENT_STOPPING).touch()
+        stops = preemption.StopRequests(rank=0)
+        with pytest.raises(SystemExit, match=str(128 + signal.SIGTERM)):
+            stops._on_signal(signal.SIGTERM, None)
+        assert not stops.requested()
+        # A preemption: the first signal is a request, the second exits at once.
+        (tmp_path / preemption.AGENT_STOPPING).unlink()
+        stops._on_signal(signal.SIGTERM, None)
+        assert stops.requested()
+        with pytest.raises(SystemExit, match=str(128 + signal.SIGINT)):
+            stops._on_signal(signal.SIGINT, None)
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+    monkeypatch.delenv("PREEMPT_EXIT_CODE", raising=False)
+    assert preemption.exit_code() == 3
+    monkeypatch.setenv("PREEMPT_EXIT_CODE", "7")
+    assert preemption.exit_code() == 7
+
+
+# -- the elastic agent's policy ---------------------------------------------------------------
+
+
+def test_restart_records_are_cleared_and_the_root_cause_described(tmp_path):
+    crash = {
+        "rank": 2,
+        "kind": "crash",
+        "time": 2.0,
+        "message": "Traceback (most recent call last):\n  File x\nRuntimeError: pair closed",
+    }
+    user = {"rank": 3, "kind": "user", "time": 3.0, "message": "bad.toml: no such file\nmore"}
+    (tmp_path / "rank-2.json").write_text(json.dumps(crash))
+    assert agent.describe_failure(str(tmp_path), None) == (
+        "rank 2 failed (crash): RuntimeError: pair closed"
+    )
+    (tmp_path / "rank-3.json").write_text(json.dumps(user))
+    assert agent.describe_failure(str(tmp_path), None) == (
+        "rank 3 failed (user): bad.toml: no such file"
+    )
+    (tmp_path / preemption.STOP_REQUEST).write_text("{}")
+    agent.clear_records(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == [preemption.STOP_REQUEST]  # a pending stop stays
+    assert "no status" in agent.describe_failure(str(tmp_path), None)
+
+
+def test_input_errors_and_pending_stops_are_not_retried(tmp_path):
+    assert agent.no_restart_reason({1, -9}, str(tmp_path)) is None  # a crash: restart
+    assert agent.no_restart_reason({2, 1}, str(tmp_path)) == "an input error (exit 2)"
+    (tmp_path / preemption.STOP_REQUEST).write_text("{}")
+    assert agent.no_restart_reason({1}, str(tmp_path)) == "a stop request"
+
+
+# -- the dump-folder lock across restarts -----------------------------------------------------
+
+
+def test_the_lock_of_an_earlier_attempt_of_this_job_is_taken_over_at_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-17")
+    # The lock of rank 0 before the restart, on another host, its lease still fresh.
+    old = {"host": "node-a", "pid": 1, "renewed": time.time(), "lease_s": 60, "run_id": "job-17"}
+    (tmp_path / LOCK_FILE).write_text(json.dumps(old))
+    taker = DumpLock(str(tmp_path))
+    taker.acquire()
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    # The old holder, if it still runs, must not renew over its successor.
+    loser = DumpLock(str(tmp_path))
+    loser.held, loser.me = True, {**loser.me, "pid": 1, "host": "node-a"}
+    loser.renew()
+    assert not loser.held and json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    taker.release()
+    # Another job (another run id) is still refused while the lease is fresh.
+    (tmp_path / LOCK_FILE).write_text(json.dumps({**old, "run_id": "job-18"}))
+    with pytest.raises(DumpFolderLocked, match="pid 1 on node-a"):
+        DumpLock(str(tmp_path)).acquire()
+
+
+# -- the mesh follows the node count --------------------------------------------------------
+
+
+def test_replicate_minus_one_is_one_replica_per_node():
+    p = Parallelism(data_parallel_replicate_degree=-1)
+    d = ParallelDims.from_config(p, 8, nodes=2)
+    assert (d.dp_replicate, d.dp_shard, d.dp) == (2, 4, 8)
+    d = ParallelDims.from_config(p, 4, nodes=1)  # after losing a node
+    assert (d.dp_replicate, d.dp_shard) == (1, 4)
+    with pytest.raises(ConfigError, match="one replica per node, but 6 processes on 4 node"):
+        ParallelDims.from_config(p, 6, nodes=4)
+
+
+# -- run_train.sh's launch options --------------------------------------------------------------
+
+
+def _launch_args(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\necho "$@"\n')
+    fake.chmod(0o755)
+    full = {k: v for k, v in os.environ.items() if k not in ("SLURM_JOB_ID", "RDZV_ID")}
+    full |= {"PYTHON": str(fake), "VIRTUAL_ENV": str(tmp_path), "NGPU": "2", **env}
+    return subprocess.run(["bash", str(REPO / "run_train.sh")], env=full, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+
+
+def test_run_train_launches_a_node_range_elastically(tmp_path):
+    one = _launch_args(tmp_path)
+    assert "--standalone --nnodes 1 --max-restarts 0" in one.stdout
+    ranged = _launch_args(tmp_path, NNODES="1:4", RDZV_ENDPOINT="10.0.0.1:29400")
+    args = ranged.stdout
+    assert "--nnodes 1:4" in args and "--rdzv-backend c10d" in args and "--standalone" not in args
+    assert "--max-restarts 3" in args and "keep_alive_interval=5" in args
+    run_id = args.split("--rdzv-id ")[1].split()[0]
+    assert run_id.startswith("tt-")  # the same on every node: derived from the endpoint
+    assert run_id in _launch_args(tmp_path, NNODES="1:4", RDZV_ENDPOINT="10.0.0.1:29400").stdout
+    other = _launch_args(tmp_path, NNODES="1:4", RDZV_ENDPOINT="10.0.0.2:29400").stdout
+    assert run_id not in other
+    slurm = _launch_args(tmp_path, NNODES="2", RDZV_ENDPOINT="h:1", SLURM_JOB_ID="77").stdout
+    assert "--rdzv-id slurm-77" in slurm and "--nnodes 2:2" in slurm
+    for bad, why in (("1:x", "expected a node count N or a range"), ("1:4", "needs RDZV_ENDPOINT")):
+        proc = _launch_args(tmp_path, NNODES=bad)
+        assert proc.returncode == 2 and why in proc.stderr and not proc.stdout
+
+
+# -- end to end through run_train.sh ----------------------------------------------------------
+
+
+def _scenarios() -> Any:
+    path = REPO / "scripts" / "elastic_scenarios.py"
+    spec = importlib.util.spec_from_file_location("elastic_scenarios", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _three_lane_recipe(folder: Path) -> Path:
+    """The sample recipe on 3 lanes: 2 processes do not divide it (uneven at the same
+    cost as an even pair of processes; 8 lanes need 3 to be uneven)."""
+    text = (REPO / "train_configs" / "data" / "sample_mix.toml").read_text()
+    assert "lanes = 8" in text and "../../data/" in text
+    path = folder / "three_lanes.toml"
+    path.write_text(text.replace("lanes = 8", "lanes = 3").replace("../../data/", f"{REPO}/data/"))
+    return path
+
+
+@pytest.mark.slow
+def test_an_uneven_elastic_job_goes_on_without_a_killed_agent_then_stops_on_ctrl_c(tmp_path):
+    """Two agents of one process on 3 lanes (12 rows a step): rank 0 owns lane 0 and
+    pads its 4 rows to rank 1's 8. kill -9 of the second launcher: its rank exits by
+    itself, the first agent re-forms the job on 1 process from the newest checkpoint,
+    written by the padded layout, with the same batches; then Ctrl-C saves the current
+    step and exits 3."""
+    es = _scenarios()
+    steps, interval, rows = 14, 2, 12
+    recipe = _three_lane_recipe(tmp_path)
+    extra = {"training.steps": steps, "checkpoint.interval": interval, "data.recipe": recipe,
+             "training.global_batch_size": rows}  # fmt: skip
+    run = es.Run(tmp_path / "job", extra)
+    host = run.agent(1)
+    victim = run.agent(1)
+    assert run.trained_at(2, 3, 300), run.output()[-3000:]
+    assert (
+        "padded layout: 3 lanes over 2 data-parallel ranks, rows per rank 4 on 1 rank, 8 on 1 rank"
+        in run.output()
+    )
+    os.kill(victim.proc.pid, signal.SIGKILL)
+    end = time.monotonic() + 300
+    resumed, seen = None, 0.0
+    while time.monotonic() < end and host.proc.poll() is None:
+        found = re.search(r"resumed from step (\d+) ", host.output())
+        seen = seen or (time.time() if found else 0.0)
+        # Two steps trained by the re-formed job, then Ctrl-C.
+        if found and sum(r["time"] > seen for r in read_metrics(run.dump).values()) >= 2:
+            resumed = int(found.group(1))
+            break
+        time.sleep(0.1)
+    assert resumed is not None, host.output()[-3000:]
+    os.killpg(host.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends
+    result = run.finish(300)
+    out = host.output()
+    assert result["exit"][0] == 3 and result["orphans"] == 0, (result, out[-3000:])
+    assert out.count("restarting the workers: rank") == 1
+    assert run.formed()[-2:] == [2, 1]
+    assert f"resumed from step {resumed} on 1 data-parallel rank(s)" in out
+    # The resume point was written by the two padded ranks.
+    state = run.dump / "checkpoint" / f"step-{resumed}" / "dataloader.json"
+    assert json.loads(state.read_text())["dp_size"] == 2
+    lost = max(m for t, m in run.steps if t < read_metrics(run.dump)[resumed + 1]["time"])
+    assert resumed % interval == 0 and 0 <= lost - resumed <= interval
+    # Ctrl-C: one line from the launcher, no traceback, the current step saved.
+    assert "Traceback" not in out and out.count("SIGINT: the job finishes its current step") == 1
+    stopped = max(read_metrics(run.dump))
+    assert f"stopped at step {stopped} (SIGINT to the launcher)" in out
+    marker = run.dump / "checkpoint" / f"step-{stopped}" / manifest.COMPLETE_FILE
+    assert json.loads(marker.read_text())["finite"] is True
+    ref = data_digests(stopped, 64, rows, recipe)
+    assert fi_digests(run.dump, ref, stopped) is None
+
+
+def fi_digests(dump: Path, ref: dict[int, str], last: int) -> str | None:
+    """None if steps 1..last were each logged once with the data's digest."""
+    got = read_metrics(dump)
+    if sorted(got) != list(range(1, last + 1)):
+        return f"steps {sorted(got)}"
+    bad = [s for s in got if got[s]["digest"] != ref[s]]
+    return f"digests differ at {bad}" if bad else None
+
+
+@pytest.mark.slow
+def test_a_diverging_run_stops_with_one_message_and_keeps_its_finite_checkpoint(tmp_path):
+    es = _scenarios()
+    r = es.divergence(tmp_path, {}, 300)
+    assert r["exit"] == [2] and not r["traceback"] and r["orphans"] == 0, r
+    assert len(r["error_lines"]) == 1 and r["names_finite"], r
+    kept = r["checkpoints_finite"]
+    # keep_latest_k 1: the newest checkpoint (not finite) and the newest finite one.
+    assert len(kept) == 2 and sorted(kept.values()) == [False, True], kept

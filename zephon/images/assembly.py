@@ -1,0 +1,77 @@
+"""A step's images on one rank: the `ImageBatch`, the lane digests, the ignored labels.
+
+The batch producer (production.py) adds each row's images as it takes the
+row from its lane, in canonical order (lane by lane, row by row, position by
+position), so concatenating the ranks' images in rank order gives the global
+batch's images in lane order, as for the rows (docs/design.md §14).
+
+- Digest: a lane whose rows of the step hold images hashes its rows' digest
+  (zephon/digest.py) together with each image's grid and the SHA-256 its
+  worker made of grid and patches, in canonical order. A lane without images
+  keeps the rows' digest itself, so every text-only recipe, and the text-only
+  lanes of a recipe with images, keep their digests exactly.
+- Labels: a target that is an image token (start, placeholder, end) is
+  ignored: the model reads images and never writes them; the text after an
+  image is learnt from the end token's position.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from zephon.batch import IGNORE_INDEX, Batch
+from zephon.images.batch import ImageBatch
+from zephon.images.documents import DocImage
+
+DIGEST_TAG = b"zephon lane images v1"
+
+
+class BatchImages:
+    """The images of one step's rows of a rank, collected in canonical order."""
+
+    def __init__(self, work: Any):
+        self.spec = work.spec
+        self.token_ids = np.array([work.ids.start, work.ids.pad, work.ids.end], dtype=np.int32)
+        self.rows: list[int] = []
+        self.starts: list[int] = []
+        self.images: list[DocImage] = []
+        self._lane_first = 0
+
+    def add_row(self, row: int, placed: list[tuple[int, DocImage]]) -> None:
+        """Row `row` of the batch holds these images (first placeholder, image)."""
+        for start, image in placed:
+            self.rows.append(row)
+            self.starts.append(start)
+            self.images.append(image)
+
+    def lane_digest(self, rows_digest: bytes) -> bytes:
+        """The digest of the lane whose rows were added since the last call."""
+        mine = self.images[self._lane_first :]
+        self._lane_first = len(self.images)
+        if not mine:
+            return rows_digest
+        h = hashlib.sha256(DIGEST_TAG)
+        h.update(rows_digest)
+        for image in mine:
+            h.update(np.asarray(image.grid, dtype="<i8").tobytes())
+            h.update(image.digest)
+        return h.digest()
+
+    def finish(self, batch: Batch, tokens: np.ndarray) -> None:
+        """Ignore the labels whose targets are image tokens and attach the images
+        (`tokens`: the rows as packed, seq_len + 1 each)."""
+        labels = batch.labels.numpy()  # shares memory with the tensor
+        labels[np.isin(tokens[:, 1:], self.token_ids)] = IGNORE_INDEX
+        if not self.images:
+            return
+        batch.images = ImageBatch.from_numpy(
+            np.concatenate([im.patches for im in self.images]),
+            np.array([im.grid for im in self.images], dtype=np.int64),
+            np.array(self.rows, dtype=np.int64),
+            np.array(self.starts, dtype=np.int64),
+            self.spec.patch_size,
+            self.spec.merge,
+        )

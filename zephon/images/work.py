@@ -1,0 +1,172 @@
+"""The worker side of images: what reading and tokenizing do with a document that has them.
+
+Decoding runs where tokenizing runs (the scheduler's workers), never on a
+lane, in two stateless steps (docs/design.md §14):
+
+- when read (`ImageWork.plan`): each image's header only, so that the
+  planner knows before any pixel is decoded the document's exact image
+  tokens, the decode peak to reserve while it is in flight and the patch
+  bytes it will hold (`PlannedDoc.cost`);
+- when tokenized (`ImageWork.encode`): text segments through the tokenizer
+  (one call for all of a call's documents), images decoded, resized and cut
+  into patches (zephon/images/prepare.py), each hashed here, and the
+  document framed as one id array (images/documents.py).
+
+A bad image (not an image, truncated or corrupt, zero bytes, more pixels than
+`max_decoded_pixels`) makes its whole document bad: under `bad_records =
+"error"` the document becomes a stand-in that raises the ImageError naming
+shard and key when its lane picks it; under "drop" it becomes an empty
+document (just EOS) at its own index, like any other bad record, and is
+counted. Text documents that share a call are encoded exactly as without
+images (zephon/pieces.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from zephon.errors import ImageError
+from zephon.images.documents import DocImage, ImageDoc, ImageDocIds, bad_document, image_digest
+from zephon.images.prepare import ImagePlan, plan_image, prepare_image
+from zephon.images.tokens import ImageTokenIds, image_token_ids
+from zephon.pieces import encode_documents
+from zephon.recipe import ImageSpec
+from zephon.sources.multimodal import MultimodalDoc, TextSegment
+from zephon.tokenize import TokenizerInfo, encode_raw
+from zephon.tolerant import DroppingReader
+
+
+@dataclass(frozen=True, eq=False)
+class PlannedDoc:
+    """A document of a source with images, read, its images' headers known.
+
+    value: the MultimodalDoc, or "" for a record the reader already dropped.
+    error: the first image whose header is bad (then nothing after it is planned)."""
+
+    value: MultimodalDoc | str
+    plans: tuple[ImagePlan, ...]
+    error: ImageError | None
+    text_chars: int
+    image_tokens: int  # start, placeholders and end of every image
+    patch_bytes: int
+    peak_bytes: int  # the largest decode peak: images are decoded one at a time
+
+    def cost(self, tokens_per_char: float) -> tuple[int, int]:
+        """(tokens, bytes) to reserve for it: its image tokens exactly and its text by
+        estimate (with EOS); its patches plus one decode peak."""
+        tokens = int(self.text_chars * tokens_per_char) + self.image_tokens + 1
+        return tokens, self.patch_bytes + self.peak_bytes
+
+
+class ImageWork:
+    """Reads' and tokenizer calls' work on image documents, for one recipe and tokenizer."""
+
+    def __init__(self, spec: ImageSpec, tok: TokenizerInfo):
+        self.spec, self.tok = spec, tok
+        self.ids: ImageTokenIds = image_token_ids(spec, tok.tokenizer.token_to_id, tok.vocab_size)
+        self._head = [tok.bos_id] if tok.add_bos else []
+
+    def plan(self, value: Any) -> PlannedDoc:
+        """The read-time plan of a value of a source with images (header reads only)."""
+        if not isinstance(value, MultimodalDoc):  # a record dropped when read: ""
+            return PlannedDoc(value, (), None, len(value), 0, 0, 0)
+        plans: list[ImagePlan] = []
+        error, chars = None, 0
+        for seg in value.segments:
+            if isinstance(seg, TextSegment):
+                chars += len(seg.text)
+            elif error is None:
+                try:
+                    plans.append(plan_image(seg.data, seg.name, self.spec))
+                except ImageError as exc:
+                    error = exc
+        return PlannedDoc(
+            value,
+            tuple(plans),
+            error,
+            chars,
+            sum(p.num_tokens + 2 for p in plans),
+            sum(p.patch_bytes for p in plans),
+            max((p.decode_peak_bytes for p in plans), default=0),
+        )
+
+    def encode(self, values: list[Any], origins: list[tuple[Any, int]]) -> list[np.ndarray]:
+        """Framed ids of each value: text documents (str) as the text path encodes
+        them, planned documents with their images. `origins`: (reader, document
+        index) of each value, for dropping a document with a bad image."""
+        texts = [v for v in values if isinstance(v, str)]
+        text_ids = iter(encode_documents(texts, self.tok) if texts else [])
+        segments = [
+            s.text
+            for v in values
+            if isinstance(v, PlannedDoc) and isinstance(v.value, MultimodalDoc)
+            for s in v.value.segments
+            if isinstance(s, TextSegment)
+        ]
+        seg_ids = iter([e.ids for e in encode_raw(segments, self.tok)] if segments else [])
+        out: list[np.ndarray] = []
+        for v, (reader, doc_id) in zip(values, origins, strict=True):
+            if isinstance(v, str):
+                out.append(next(text_ids))
+            elif not isinstance(v.value, MultimodalDoc):
+                out.append(self._empty())
+            else:
+                out.append(self._document(v, seg_ids, reader, doc_id))
+        return out
+
+    def _empty(self) -> np.ndarray:
+        return np.array([*self._head, self.tok.eos_id], dtype=np.int32)
+
+    def _document(self, planned: PlannedDoc, seg_ids: Any, reader: Any, doc_id: int) -> np.ndarray:
+        doc = planned.value
+        assert isinstance(doc, MultimodalDoc)
+        texts = [next(seg_ids) for s in doc.segments if isinstance(s, TextSegment)]
+        try:
+            if planned.error is not None:
+                raise planned.error
+            return self._frame(doc, texts)
+        except ImageError as exc:
+            if isinstance(reader, DroppingReader):
+                reader.drop(doc_id, exc)
+                return self._empty()
+            return bad_document(exc)
+
+    def _frame(self, doc: MultimodalDoc, texts: list[list[int]]) -> ImageDocIds:
+        """The document's ids (BOS, segments in order, EOS) and its decoded images."""
+        ids = self.ids
+        parts: list[Any] = [self._head]
+        images: list[DocImage] = []
+        at, k = len(self._head), 0
+        for seg in doc.segments:
+            if isinstance(seg, TextSegment):
+                parts.append(texts[k])
+                at += len(texts[k])
+                k += 1
+                continue
+            out = prepare_image(seg.data, seg.name, self.spec)
+            block = np.full(out.num_tokens + 2, ids.pad, dtype=np.int32)
+            block[0], block[-1] = ids.start, ids.end
+            digest = image_digest(out.grid, out.patches)
+            images.append(DocImage(at, out.num_tokens, out.grid, out.patches, digest, seg.name))
+            parts.append(block)
+            at += len(block)
+        parts.append([self.tok.eos_id])
+        flat = np.concatenate([np.asarray(p, dtype=np.int32) for p in parts])
+        return ImageDocIds.make(flat, ImageDoc(tuple(images)))
+
+
+def bad_images(value: Any, spec: ImageSpec) -> list[str]:
+    """Why each image of a read value cannot be used, decoding it as training would
+    (`zephon validate --scan`); [] for a good document or one that is no MultimodalDoc."""
+    if not isinstance(value, MultimodalDoc):
+        return []
+    out = []
+    for image in value.images:
+        try:
+            prepare_image(image.data, image.name, spec)
+        except ImageError as exc:
+            out.append(str(exc))
+    return out
