@@ -251,16 +251,9 @@ class DemandScheduler:
         """Tokenize the slots' texts (lock released) and store the ids (lock held)."""
         texts = _take_texts(slots)
         self.cond.release()
-        left = clock.switch(TOKENIZE)
         try:
-            out, encodings = run_call(slots, texts, self.tok, self.images)
-            if encodings:  # encode_documents without its cuts, its two stages apart
-                clock.switch(CONVERT)
-            ids: list[np.ndarray] | BaseException = frame_ids(out, self.tok) if encodings else out
-        except BaseException as exc:  # handed to the lanes that wait on these documents
-            ids = exc
+            ids = encode_call(slots, texts, self.tok, self.images, clock)
         finally:
-            clock.switch(left)
             self.cond.acquire()
         self._store(slots, texts, ids, clock)
 
@@ -383,6 +376,23 @@ class DemandScheduler:
             self._pool = None
         if self.profile is not None:
             self.profile.close()
+
+
+def encode_call(
+    slots: list[Slot], texts: list[Any], tok: TokenizerInfo, images: Any, clock: Clock
+) -> list[np.ndarray] | BaseException:
+    """The ids of one call's documents, or the error the lanes waiting on them get;
+    the tokenizer's time is charged to `tokenize`, the ids' conversion to `convert`."""
+    left = clock.switch(TOKENIZE)
+    try:
+        out, encodings = run_call(slots, texts, tok, images)
+        if encodings:  # encode_documents without its cuts, its two stages apart
+            clock.switch(CONVERT)
+        return frame_ids(out, tok) if encodings else out
+    except BaseException as exc:  # handed to the lanes that wait on these documents
+        return exc
+    finally:
+        clock.switch(left)
 
 
 def run_call(
