@@ -16,6 +16,7 @@ from typing import Any
 
 import bench_boundary
 import bench_grad_memory
+import bench_images
 import bench_index
 import bench_scale
 import bench_throughput
@@ -37,6 +38,7 @@ RESULTS = REPO / "docs" / "results"
 PAGES: dict[str, Callable[[Any], str]] = {
     "bench_boundary": bench_boundary.markdown,
     "bench_grad_memory": bench_grad_memory.page,
+    "bench_images": bench_images.page,
     "bench_index": bench_index.markdown,
     "bench_scale": bench_scale.render,
     "bench_throughput": bench_throughput.render,
@@ -89,6 +91,7 @@ def readme_block(marker: str) -> str:
         ("phases_demo", phases_demo.table),
         ("elastic_scenarios", elastic_scenarios.readme_summary),
         ("vlm_caption_probe", vlm_caption_probe.table),
+        ("bench_images", bench_images.table),
     ],
 )
 def test_readme_figures_are_generated(marker: str, summary: Callable[[Any], str]) -> None:
