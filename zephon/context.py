@@ -133,7 +133,7 @@ def build_context(
     if any(s.multimodal for s in recipe.sources):
         from zephon.images.work import ImageWork  # Pillow only where images are read
 
-        images = ImageWork(recipe.image, tok)
+        images = ImageWork(recipe.image, tok, decoders=workers)
     tokens, image_bytes = budgets
     unit = recipe.mixture.unit
     scheduler = DemandScheduler(

@@ -349,6 +349,8 @@ class DemandScheduler:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if self.images is not None:
+            self.images.close()
 
 
 def run_call(
