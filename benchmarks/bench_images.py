@@ -221,11 +221,11 @@ def raw_images(
     cpu0, t0 = time.process_time(), time.perf_counter()
     if workers > 1:
         with ThreadPoolExecutor(workers) as pool:
-            placeholders = sum(pool.map(one, images, chunksize=8))
+            done = list(pool.map(one, images, chunksize=8))
     else:
-        placeholders = sum(map(one, images))
+        done = list(map(one, images))
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    return {"images": len(images), "placeholders": placeholders, "wall_s": wall, "cpu_s": cpu}
+    return {"images": len(done), "placeholders": sum(done), "wall_s": wall, "cpu_s": cpu}
 
 
 # -- (c) the conventional path --------------------------------------------------
