@@ -18,12 +18,27 @@ batch), side by side in one process:
    empty inside the window, and what it tokenizes past the window's end (its
    budget and prefetched steps) is work the raw side never does.
 
-Corpora: `sample` is the bundled two-source mix (prose JSONL, code gzip JSONL,
-documents of about 210 tokens); `long` is generated: web-like JSONL with
-log-normal lengths (mean about 7.6 KB) and 10% whole "source files" of 10-200
-KB, one source.
+Every pipeline round also records where the pipeline's own CPU goes
+(`ZephonLoader(profile=True)`, zephon/stage_profile.py): thread CPU per
+delivered token of each stage (read, parse, plan, tokenize with the
+tokenizer's native pool, convert, pack, assemble, other), the median over
+rounds, beside the CPU raw `encode_batch_fast` takes per token. Switching
+stages costs a few thousand thread-clock reads per window, not per token.
 
-    python benchmarks/bench_throughput.py            # both corpora, 1/8/64 lanes, about 30 min on 2 cores
+Corpora:
+- `sample`: the bundled two-source mix (prose JSONL, code gzip JSONL,
+  documents of about 210 tokens), concat; 1, 8 and 64 lanes.
+- `long`: generated web-like JSONL with log-normal lengths (mean about 7.6
+  KB) and 10% whole "source files" of 10-200 KB, one source, concat; 1, 8 and
+  64 lanes.
+- `web`: generated web-like JSONL, log-normal lengths with a median of 3 KB,
+  one source, best_fit, mixing by tokens; 8 lanes. 100 MB by default (the
+  window reads about 60 MB of it; `--web-size-mb 300` for the 300 MB corpus
+  of the issue, a few minutes more to generate once).
+- `mix`: the bundled prose as Parquet (70% by tokens) and whole standard
+  library source files as gzip JSONL (30%), concat; 8 lanes.
+
+    python benchmarks/bench_throughput.py            # all corpora, about 40 min on 2 cores
     python benchmarks/bench_throughput.py --quick    # smoke run
 
 Writes <out>.json (raw figures) and <out>.md; the committed results
@@ -51,10 +66,13 @@ from zephon import ZephonLoader, load_recipe, load_tokenizer
 from zephon.recipe import Recipe
 from zephon.sources import SourceReader
 from zephon.sources.gzipped import clear_chunk_cache
+from zephon.stage_profile import STAGES, per_token
 from zephon.tokenize import TokenizerInfo
 
 REPO = Path(__file__).resolve().parents[1]
 MARKERS = ("<!-- bench_throughput:begin -->", "<!-- bench_throughput:end -->")
+RECIPE_NAMES = {"long": "long-docs"}  # as the committed figures had it
+CORPUS_LANES = {"sample": [1, 8, 64], "long": [1, 8, 64], "web": [8], "mix": [8]}
 
 
 # -- corpora ----------------------------------------------------------------------
@@ -68,21 +86,72 @@ def web_length(rng: np.random.Generator) -> tuple[int, bool]:
     return int(np.clip(rng.lognormal(np.log(7_600) - 0.5, 1.0), 50, 200_000)), False
 
 
+def web_3kb_length(rng: np.random.Generator) -> tuple[int, bool]:
+    """Log-normal lengths with a median of 3 KB (sigma 1: mean about 5 KB)."""
+    return int(np.clip(rng.lognormal(np.log(3_000), 1.0), 50, 200_000)), False
+
+
+def make_mix(folder: Path) -> None:
+    """The bundled prose as Parquet, and every standard-library source file, whole,
+    as gzip JSONL (written once; the files of scripts/build_sample_data.py)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import sysconfig
+
+    from build_sample_data import Doc, stdlib_files, write_jsonl_gz, write_parquet
+
+    if (folder / "done").exists():
+        return
+    (folder / "prose").mkdir(parents=True, exist_ok=True)
+    (folder / "files").mkdir(parents=True, exist_ok=True)
+    for k, part in enumerate(sorted((REPO / "data" / "sample" / "prose").glob("*.jsonl"))):
+        lines = part.read_text(encoding="utf-8").splitlines()
+        docs = [Doc(str(i), json.loads(ln)["text"]) for i, ln in enumerate(lines) if ln.strip()]
+        write_parquet(folder / "prose" / f"part-{k:05d}.parquet", docs)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for path in stdlib_files(stdlib):
+        try:
+            files.append(Doc(path.relative_to(stdlib).as_posix(), path.read_text("utf-8")))
+        except (OSError, UnicodeDecodeError):
+            continue
+    for k in range(4):
+        write_jsonl_gz(folder / "files" / f"part-{k:05d}.jsonl.gz", files[k::4])
+    (folder / "done").write_text(f"{len(files)} source files\n")
+
+
 def corpus_recipe(name: str, args: argparse.Namespace, lanes: int) -> Recipe:
     if name == "sample":
-        recipe = load_recipe(REPO / "train_configs" / "data" / "sample_mix.toml")
-    else:
-        work = Path(args.work).resolve()
-        make_corpus(work / "long", args.long_size_mb, seed=3, length=web_length)
-        path = work / "long.toml"
-        path.write_text(
-            '[recipe]\nname = "long-docs"\nseed = 7\nlanes = 8\n\n'
-            '[shuffle]\nblock_size = 64\n\n[packing]\nalgorithm = "concat"\nflush_interval = 32\n\n'
-            f'[execution]\nworkers = 2\nprefetch = 2\ncache_dir = "{work / "cache"}"\n\n'
-            f'[[source]]\nname = "web"\npath = "{work / "long" / "part-*.jsonl"}"\n'
+        return replace(
+            load_recipe(REPO / "train_configs" / "data" / "sample_mix.toml"), lanes=lanes
         )
-        recipe = load_recipe(path)
-    return replace(recipe, lanes=lanes)
+    work = Path(args.work).resolve()
+    execution = f'[execution]\nworkers = 2\nprefetch = 2\ncache_dir = "{work / "cache"}"\n\n'
+    if name == "long":
+        make_corpus(work / "long", args.long_size_mb, seed=3, length=web_length)
+        body = (
+            '[packing]\nalgorithm = "concat"\nflush_interval = 32\n\n'
+            f'{execution}[[source]]\nname = "web"\npath = "{work / "long" / "part-*.jsonl"}"\n'
+        )
+    elif name == "web":
+        make_corpus(work / "web", args.web_size_mb, seed=5, length=web_3kb_length)
+        body = (
+            '[mixture]\nunit = "tokens"\n\n[packing]\nalgorithm = "best_fit"\nflush_interval = 32\n\n'
+            f'{execution}[[source]]\nname = "web"\npath = "{work / "web" / "part-*.jsonl"}"\n'
+        )
+    else:
+        make_mix(work / "mix")
+        body = (
+            '[mixture]\nunit = "tokens"\n\n[packing]\nalgorithm = "concat"\nflush_interval = 32\n\n'
+            f'{execution}[[source]]\nname = "prose"\nformat = "parquet"\nweight = 0.7\n'
+            f'path = "{work / "mix" / "prose" / "*.parquet"}"\n\n'
+            f'[[source]]\nname = "files"\nweight = 0.3\n'
+            f'path = "{work / "mix" / "files" / "*.jsonl.gz"}"\n'
+        )
+    path = work / f"{name}.toml"
+    path.write_text(
+        f'[recipe]\nname = "{RECIPE_NAMES.get(name, name)}"\nseed = 7\nlanes = 8\n\n[shuffle]\nblock_size = 64\n\n{body}'
+    )
+    return replace(load_recipe(path), lanes=lanes)
 
 
 # -- one configuration ---------------------------------------------------------------
@@ -116,16 +185,17 @@ class Window:
         t = self.tok.tokenizer
         encode = t.encode_batch_fast if fast else t.encode_batch
         n, texts = 0, self.texts
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         for i in range(0, len(texts), 1000):
             n += sum(len(e) for e in encode(texts[i : i + 1000], add_special_tokens=False))
         dt = time.perf_counter() - t0
+        self.raw_cpu_s = time.process_time() - c0
         self.tokens = n
         return dt
 
     def pipeline(self) -> dict[str, Any]:
         clear_chunk_cache()
-        ld = self.loader()
+        ld = self.loader(profile=True)
         try:
             c0, t0 = time.process_time(), time.perf_counter()
             row_tokens = batch_tokens(ld.next_batch())
@@ -138,12 +208,15 @@ class Window:
             ld.close()
         if row_tokens != self.row_tokens:
             raise RuntimeError(f"pipeline delivered {row_tokens} tokens, not {self.row_tokens}")
+        profile = stats["profile"]
         return {
             "wall_s": wall,
             "cpu_s": cpu,
             "first_batch_s": first,
             "tokens_tokenized": stats["tokens_tokenized"],
             "tokens_from_cache": stats["work"]["tokens_from_cache"],
+            "profile": profile,
+            "ns_per_token": per_token(profile, row_tokens),
         }
 
 
@@ -152,23 +225,28 @@ def measure(recipe: Recipe, tok: TokenizerInfo, args: argparse.Namespace) -> dic
     w = Window(recipe, tok, args)
     prep = time.perf_counter() - t0
     raw, fast, pipe = [w.raw(False)], [w.raw(True)], []
+    fast_cpu = [w.raw_cpu_s]
     for r in range(args.rounds):
         pipe.append(w.pipeline())
         raw.append(w.raw(False))
         fast.append(w.raw(True))
+        fast_cpu.append(w.raw_cpu_s)
         p = pipe[-1]["wall_s"]
         print(
             f"  round {r + 1}/{args.rounds}: raw {raw[-2]:.2f}/{raw[-1]:.2f}s  fast "
             f"{fast[-2]:.2f}/{fast[-1]:.2f}s  pipeline {p:.2f}s (first batch "
             f"{pipe[-1]['first_batch_s']:.2f}s)  ratio {(raw[-2] + raw[-1]) / 2 / p:.3f}  "
-            f"load {loadavg()}",
+            f"fast {(fast[-2] + fast[-1]) / 2 / p:.3f}  load {loadavg()}",
             flush=True,
         )
+        ns = pipe[-1]["ns_per_token"]
+        print("    ns/token: " + "  ".join(f"{k} {ns[k]:.0f}" for k in (*STAGES, "total")))
 
     def ratios(base: list[float]) -> list[float]:
         return [(base[i] + base[i + 1]) / 2 / p["wall_s"] for i, p in enumerate(pipe)]
 
     med = statistics.median
+    stage_ns = {k: med(p["ns_per_token"][k] for p in pipe) for k in (*STAGES, "total")}
     return {
         "steps": w.steps,
         "documents": len(w.texts),
@@ -189,6 +267,10 @@ def measure(recipe: Recipe, tok: TokenizerInfo, args: argparse.Namespace) -> dic
         "pipeline_cpu_s": med(p["cpu_s"] for p in pipe),
         "tokens_tokenized": med(p["tokens_tokenized"] for p in pipe),
         "tokens_from_cache": max(p["tokens_from_cache"] for p in pipe),
+        # CPU per delivered token by stage (median over rounds) and of raw encode_batch_fast
+        "stage_ns_per_token": stage_ns,
+        "raw_fast_cpu_ns_per_token": med(fast_cpu) * 1e9 / w.tokens,
+        "pipeline_cpu_ns_per_token": med(p["cpu_s"] for p in pipe) * 1e9 / w.row_tokens,
     }
 
 
@@ -217,6 +299,28 @@ def render(r: dict[str, Any]) -> str:
             f"| {x['ratio_fast']:.2f} | {x['first_batch_s']:.2f} s "
             f"| {x['tokens_tokenized'] / x['row_tokens']:.3f} |"
         )
+    profiled = {k: x for k, x in r["results"].items() if "stage_ns_per_token" in x}
+    if not profiled:  # figures recorded before the profiler
+        return "\n".join(lines) + "\n"
+    lines += [
+        "",
+        "CPU per delivered token (ns, thread CPU, median over rounds) by stage: read (I/O and "
+        "decompression), parse (records to strings), plan (the need planner), tokenize (the "
+        "native call with its thread pool), convert (encodings to id arrays), pack (mixing "
+        "and packing), assemble (batch tensors and digests), other (the pipeline's threads "
+        "between stages); raw: `encode_batch_fast` on the same documents.",
+        "",
+        "| corpus | lanes | " + " | ".join(STAGES[:-1]) + " | **total** | raw |",
+        "|---|---|" + "---|" * (len(STAGES) + 1),
+    ]
+    for key, x in profiled.items():
+        ns = x["stage_ns_per_token"]
+        corpus, lanes = key.split("/")
+        lines.append(
+            f"| {corpus} | {lanes} | "
+            + " | ".join(f"{ns[k]:.0f}" for k in STAGES[:-1])
+            + f" | **{ns['total']:.0f}** | {x['raw_fast_cpu_ns_per_token']:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -235,13 +339,14 @@ def publish(out: Path, result: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--corpora", nargs="+", default=["sample", "long"], choices=["sample", "long"])
-    p.add_argument("--lanes", type=int, nargs="+", default=[1, 8, 64])
+    p.add_argument("--corpora", nargs="+", default=list(CORPUS_LANES), choices=list(CORPUS_LANES))
+    p.add_argument("--lanes", type=int, nargs="+", help="lane counts of every corpus")
     p.add_argument("--tokens", type=int, default=16_000_000, help="window per round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--global-batch", type=int, default=64)
     p.add_argument("--long-size-mb", type=int, default=100)
+    p.add_argument("--web-size-mb", type=int, default=100)
     p.add_argument("--tokenizer", default=str(REPO / "assets" / "tokenizer" / "tokenizer.json"))
     p.add_argument("--work", default=str(REPO / "outputs" / "bench_throughput"))
     p.add_argument("--out", default=str(REPO / "docs" / "results" / "bench_throughput"))
@@ -253,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         publish(out, json.loads(out.with_suffix(".json").read_text()))
         return 0
     if a.quick:
-        a.tokens, a.rounds, a.long_size_mb = 300_000, 1, 5
+        a.tokens, a.rounds, a.long_size_mb, a.web_size_mb = 300_000, 1, 5, 5
     tok = load_tokenizer(a.tokenizer)
     result: dict[str, Any] = {
         "config": {k: v for k, v in vars(a).items() if k not in ("work", "out", "tokenizer")},
@@ -262,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": {},
     }
     for corpus in a.corpora:
-        for lanes in a.lanes:
+        for lanes in a.lanes or CORPUS_LANES[corpus]:
             print(f"[{corpus}, {lanes} lanes]", flush=True)
             recipe = corpus_recipe(corpus, a, lanes)
             result["results"][f"{corpus}/{lanes}"] = measure(recipe, tok, a)

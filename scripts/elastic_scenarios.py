@@ -62,6 +62,8 @@ from typing import Any
 import fault_injection as fi
 from train_harness import data_digests, read_metrics, render_results
 
+from torchtitan.distributed.utils import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results" / "elastic_scenarios.json"
 MARKERS = ("<!-- elastic_scenarios:begin -->", "<!-- elastic_scenarios:end -->")
@@ -100,12 +102,6 @@ SIZES = {
     "kill_during_restart": (3, 1),
     "ctrl_c": (3, 3),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _port_open(port: int) -> bool:
@@ -566,7 +562,8 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     a.results.mkdir(parents=True, exist_ok=True)
     path = a.results / "elastic_scenarios.json"
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    # The runs' messages name their dump folders: keep the results free of this machine's paths.
+    path.write_text(json.dumps(doc, indent=1).replace(f"{REPO}/", "") + "\n")
     render(path)
     return 0 if all(r["verdict"] == "ok" for r in results.values()) else 1
 

@@ -152,6 +152,15 @@ def render_results(path: Path, page: Callable[[dict[str, Any]], str]) -> int:
     return 0
 
 
+def results_args(doc: str) -> argparse.Namespace:
+    """The command line every results script shares: `--out` (the results folder) and
+    `--render JSON` (no runs: rewrite the page from the raw results)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--out", type=Path, default=REPO / "docs" / "results")
+    p.add_argument("--render", type=Path, default=None, help="no runs: results JSON -> .md")
+    return p.parse_args()
+
+
 def parse_sizes(text: str) -> list[int]:
     """argparse type for process counts such as "1,2,8"."""
     try:

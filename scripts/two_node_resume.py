@@ -18,17 +18,24 @@ Writes docs/results/two_node_resume.{json,md}; exits 1 on any mismatch.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from train_harness import REPO, copy_checkpoint, ensure_sample_data, read_metrics, render_results
+from train_harness import (
+    REPO,
+    copy_checkpoint,
+    ensure_sample_data,
+    read_metrics,
+    render_results,
+    results_args,
+)
+
+from torchtitan.distributed.utils import free_port
 
 STEPS, K, LOSS_RTOL = 6, 3, 1e-4
 ARGS = [
@@ -55,17 +62,8 @@ def finish(proc: subprocess.Popen[str], what: str, log: Path) -> str:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=REPO / "docs" / "results")
-    p.add_argument("--render", type=Path, default=None, help="no runs: results JSON -> .md")
-    a = p.parse_args()
+    a = results_args(__doc__)
     if a.render is not None:
         return render_results(a.render, page)
     ensure_sample_data()

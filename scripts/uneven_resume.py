@@ -23,7 +23,6 @@ further than 1e-5 from the reference.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from train_harness import (
     ensure_sample_data,
     read_metrics,
     render_results,
+    results_args,
     run_logged,
 )
 
@@ -101,10 +101,7 @@ def layout_note(name: str, lanes: int, global_batch: int) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=REPO / "docs" / "results")
-    p.add_argument("--render", type=Path, default=None, help="no runs: results JSON -> .md")
-    a = p.parse_args()
+    a = results_args(__doc__)
     if a.render is not None:
         return render_results(a.render, page)
     ensure_sample_data()

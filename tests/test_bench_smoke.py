@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from train_harness import ensure_sample_data
 
+from zephon.stage_profile import STAGES
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "bench_pipeline.py"
 
@@ -47,14 +49,32 @@ def test_bench_throughput_quick(tmp_path: Path) -> None:
     out = tmp_path / "throughput"
     script = REPO / "benchmarks" / "bench_throughput.py"
     cmd = [sys.executable, str(script), "--quick", "--lanes", "1", "8"]
+    cmd += ["--corpora", "sample", "long", "web", "mix"]
     cmd += ["--work", str(tmp_path / "work"), "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     doc = json.loads(out.with_suffix(".json").read_text())
-    assert sorted(doc["results"]) == ["long/1", "long/8", "sample/1", "sample/8"]
-    for r in doc["results"].values():
+    corpora = ("long", "mix", "sample", "web")
+    assert sorted(doc["results"]) == [f"{c}/{n}" for c in corpora for n in (1, 8)]
+    for key, r in doc["results"].items():
         assert r["raw_tokens"] > 0 and r["ratio"] > 0 and len(r["ratios"]) == 1
-    assert "| sample | 8 |" in out.with_suffix(".md").read_text()
+        # The per-stage breakdown: every stage, adding up to the pipeline's CPU.
+        (run,) = r["pipeline"]
+        profile = run["profile"]
+        assert set(profile["cpu_ns"]) == set(STAGES), key
+        assert sum(profile["cpu_ns"].values()) == profile["total_cpu_ns"] > 0, key
+        assert profile["cpu_ns"]["tokenize"] > 0 and profile["tokens"] == r["row_tokens"], key
+        # Everything the process spent while the loader ran is in some stage, give or
+        # take the benchmark's own loop and the unswitched tail of threads still running.
+        slack = profile["unswitched_ns"]
+        process = profile["process_cpu_ns"]
+        assert 0.8 * process <= profile["total_cpu_ns"] + slack <= 1.05 * process, key
+        ns = r["stage_ns_per_token"]
+        assert set(ns) == {*STAGES, "total"}, key
+        assert abs(sum(ns[s] for s in STAGES) - ns["total"]) <= 1e-6 * ns["total"], key
+    page = out.with_suffix(".md").read_text()
+    assert "| sample | 8 |" in page and "| web | 8 |" in page
+    assert "| corpus | lanes | read | parse | plan | tokenize |" in page
 
 
 def test_bench_images_quick(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from zephon.recipe import Recipe
 from zephon.scheduler import DemandScheduler
 from zephon.shuffle import SourcePlan
 from zephon.sources import SourceReader
+from zephon.stage_profile import StageProfile
 from zephon.tokenize import TokenizerInfo, check_token_ids
 from zephon.tolerant import with_policy
 
@@ -126,17 +127,20 @@ def build_context(
     workers: int,
     budgets: tuple[int, int],
     steps: StepMap,
+    profile: StageProfile | None = None,
 ) -> PipelineContext:
     """The lanes' shared context and its scheduler, with `budgets` (tokens, image
-    bytes) of lookahead; the image work only when a source has images."""
+    bytes) of lookahead; the image work only when a source has images; `profile`:
+    where the threads charge their CPU by stage (None: not profiled)."""
     images = None
     if any(s.multimodal for s in recipe.sources):
         from zephon.images.work import ImageWork  # Pillow only where images are read
 
-        images = ImageWork(recipe.image, tok, decoders=workers)
+        images = ImageWork(recipe.image, tok, decoders=workers, profile=profile)
     tokens, image_bytes = budgets
     unit = recipe.mixture.unit
     scheduler = DemandScheduler(
-        tok, workers, tokens, steps, unit, budget_bytes=image_bytes, images=images
-    )
+        tok, workers, tokens, steps, unit,
+        budget_bytes=image_bytes, images=images, profile=profile,
+    )  # fmt: skip
     return PipelineContext(recipe, readers, plans, tok, scheduler, images=images)

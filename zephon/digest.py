@@ -16,8 +16,9 @@ import numpy as np
 def rows_digest(tokens: np.ndarray, positions: np.ndarray) -> bytes:
     """SHA-256 of packed rows: token ids then positions, little-endian int32."""
     h = hashlib.sha256()
-    h.update(np.ascontiguousarray(tokens, dtype="<i4").tobytes())
-    h.update(np.ascontiguousarray(positions, dtype="<i4").tobytes())
+    # The arrays' own buffers, not bytes copies of them.
+    h.update(np.ascontiguousarray(tokens, dtype="<i4"))
+    h.update(np.ascontiguousarray(positions, dtype="<i4"))
     return h.digest()
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from zephon.batch import Batch
@@ -35,6 +35,7 @@ from zephon.rank_schedule import RankSchedule
 from zephon.recipe import Recipe, load_recipe
 from zephon.resume import resume_starts
 from zephon.scheduler import DemandScheduler
+from zephon.stage_profile import StageProfile
 from zephon.state import check_fingerprint, check_header, make_fingerprint, rank_state, upgrade
 from zephon.tokenize import TokenizerInfo, resolve_tokenizer
 from zephon.tolerant import dropped_count, dropped_state, restore_dropped
@@ -67,6 +68,7 @@ class ZephonLoader:
             purpose: one the recipe's first phase sets to another value is an error.
         micro_batch_tokens: tokens per micro-batch instead of micro_batch_size
             (a multiple of every phase's seq_len).
+        profile: CPU by stage in `stats()["profile"]` (stage_profile.py); free when off.
 
     The layout of the last phase is checked here; the start (or a restore)
     checks every phase not finished by then, so an error comes before any batch.
@@ -90,6 +92,7 @@ class ZephonLoader:
         explicit: Collection[str] = (),
         micro_batch_tokens: int | None = None,
         lookahead_bytes: int | None = None,
+        profile: bool = False,
     ):
         self.recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
         ex = self.recipe.execution
@@ -112,9 +115,10 @@ class ZephonLoader:
         budget = lookahead_bytes if lookahead_bytes is not None else ex.lookahead_bytes
         self.lookahead_bytes = budget or DEFAULT_LOOKAHEAD_BYTES
         first = self.schedule.segments[0]
+        self.profile = StageProfile() if profile else None  # kept after close, for a last look
         self.ctx = build_context(
             self.recipe, readers, plans, self.tok, self.num_workers,
-            (self.lookahead_tokens, self.lookahead_bytes), SegmentSteps(first),
+            (self.lookahead_tokens, self.lookahead_bytes), SegmentSteps(first), self.profile,
         )  # fmt: skip
         self._scheduler: DemandScheduler | None = self.ctx.scheduler
         self.source_names = tuple(s.name for s in self.recipe.sources)
@@ -257,12 +261,8 @@ class ZephonLoader:
             self._flushes.add(lane, points, consumed)
         return batch
 
-    def __iter__(self) -> Any:
-        while True:
-            try:
-                yield self.next_batch()
-            except StopIteration:
-                return
+    def __iter__(self) -> Iterator[Batch]:
+        return iter(self.next_batch, None)  # ends at the StopIteration next_batch raises
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's state (its lanes only); merge ranks with merge_rank_states."""
@@ -318,7 +318,7 @@ class ZephonLoader:
         sources and documents with images apart). first_batch:
         the same counts when the first batch was assembled (replay included),
         with the non-padding tokens of its rows. The prefetch thread may be a
-        step or two ahead of the trainer."""
+        step or two ahead of the trainer. profile (if asked for): CPU by stage."""
         work = self._scheduler.stats() if self._scheduler is not None else {}
         first = self.first_batch
         return {
@@ -329,6 +329,7 @@ class ZephonLoader:
             "work": work,
             "first_batch": dict(first) if first else None,
             "replay": dict(self.replay),
+            **({"profile": self.profile.snapshot()} if self.profile is not None else {}),
         }
 
     def close(self) -> None:

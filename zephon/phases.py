@@ -149,14 +149,20 @@ class SegmentSteps:
 
     segment: Segment
 
-    def step_of(self, offset: int) -> int:
-        row_len = self.segment.row_len
+    @cached_property
+    def _spans(self) -> tuple[tuple[int | None, int, int], ...]:
+        """Per phase: (its tokens per lane, None for the last; first step; tokens per step)."""
+        row_len, out = self.segment.row_len, []
         for p in self.segment.phases:
-            per_step = p.rows_per_lane * row_len
-            n = p.steps()
-            if n is None or offset < n * per_step:
-                return p.start_step + offset // per_step
-            offset -= n * per_step
+            per_step, n = p.rows_per_lane * row_len, p.steps()
+            out.append((None if n is None else n * per_step, p.start_step, per_step))
+        return tuple(out)
+
+    def step_of(self, offset: int) -> int:
+        for tokens, start, per_step in self._spans:  # the planner asks once per document
+            if tokens is None or offset < tokens:
+                return start + offset // per_step
+            offset -= tokens
         return NEVER
 
     def lane_tokens(self, step: int) -> int:

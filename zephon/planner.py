@@ -97,6 +97,15 @@ class SchedulerStats:
     image_tokens: int = 0  # their tokens (text and image blocks)
     images_decoded: int = 0
 
+    def count_document(self, tokens: int, pretokenized: bool) -> None:
+        """One document read (pretokenized) or tokenized outside the planner's calls."""
+        if pretokenized:
+            self.docs_pretokenized += 1
+            self.tokens_pretokenized += tokens
+        else:
+            self.docs_tokenized += 1
+            self.tokens_tokenized += tokens
+
     def tokens_per_doc(self) -> float:
         """Average tokens of a tokenized document (256 before any)."""
         return self.tokens_tokenized / self.docs_tokenized if self.docs_tokenized else 256

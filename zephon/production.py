@@ -38,6 +38,7 @@ from zephon.images.assembly import BatchImages
 from zephon.lane import LaneStream
 from zephon.phases import Schedule, Segment, SegmentSteps
 from zephon.planner import DOC_COUNTS, TOKEN_COUNTS
+from zephon.stage_profile import ASSEMBLE, NULL_CLOCK, OTHER, PACK, Clock, current
 
 END = object()  # the data ended (a `stop` source ran dry)
 BOUNDARY = object()  # a lane-count change this rank cannot cross alone
@@ -82,6 +83,7 @@ class BatchProducer:
         self._warm = False
         self._entered: Entered | None = None
         self.produced_step = step
+        self._rows: tuple[np.ndarray, np.ndarray] | None = None
         self.replay = {"rows": 0, "docs_packed": 0, "docs_tokenized": 0, "tokens_tokenized": 0}
         self.first_batch: dict[str, int] | None = None
         self._thread: threading.Thread | None = None
@@ -93,6 +95,8 @@ class BatchProducer:
         Returns the flush points the lanes passed while replaying."""
         self.started = True
         scheduler = self.ctx.scheduler
+        clock = self._consumer_clock()
+        left = clock.switch(PACK)  # building the lanes and replaying is the lanes' work
         # Replayed rows and the first batch are all "needed" work for the scheduler.
         scheduler.set_floor(self.step)
         self.lanes = [
@@ -117,7 +121,13 @@ class BatchProducer:
         if self.prefetch > 0:
             self._thread = threading.Thread(target=self._run, name="zephon-prefetch", daemon=True)
             self._thread.start()
+        clock.switch(left)
         return passed
+
+    def _consumer_clock(self) -> Clock:
+        """The clock of the thread that asks for batches (the trainer's), if profiled."""
+        profile = self.ctx.scheduler.profile
+        return profile.here("consumer") if profile is not None else NULL_CLOCK
 
     def _trace(self, lane: int) -> list[tuple[int, int]] | None:
         if self.traces is None:
@@ -128,10 +138,21 @@ class BatchProducer:
         """The next step's batch and flush points; END once a lane ran dry, BOUNDARY at
         a lane-count change it cannot cross; an exception raised on the prefetch
         thread is returned, not raised."""
-        if self._thread is not None:
-            return self._queue.get()
-        item = self.produce()
-        return END if item is None else item
+        profile = self.ctx.scheduler.profile
+        clock = self._consumer_clock()
+        left = clock.switch(OTHER)
+        try:
+            if self._thread is not None:
+                begun = clock.wait_begin()
+                item = self._queue.get()
+                clock.wait_end(begun)
+            else:
+                item = self.produce()
+            if profile is not None and isinstance(item, tuple):  # tokens delivered
+                profile.tokens += int(item[0].source_tokens.sum())
+            return END if item is None else item
+        finally:
+            clock.switch(left)
 
     def _cross(self) -> bool:
         """Build the next segment's lanes from the boundary points of these; False
@@ -175,26 +196,37 @@ class BatchProducer:
         n = len(self.lanes) * r
         scheduler = self.ctx.scheduler
         scheduler.set_floor(self.produced_step)
-        tokens = np.empty((n, row_len), dtype=np.int32)
-        positions = np.empty((n, row_len), dtype=np.int32)
-        src_tokens = np.zeros(len(self.source_names), dtype=np.int64)
-        src_docs = np.zeros(len(self.source_names), dtype=np.int64)
+        clock = current()
+        left = clock.switch(PACK)
+        # The step's rows, in buffers kept from step to step: the batch tensors are
+        # copies, and fresh memory costs a page fault per 4 KiB.
+        if self._rows is None or self._rows[0].shape != (n, row_len):
+            self._rows = (np.empty((n, row_len), np.int32), np.empty((n, row_len), np.int32))
+        tokens, positions = self._rows
+        counted: list[tuple[list[int], list[int]]] = []  # (tokens, documents) by source, per row
         digests, flushes = [], {}
         images = None if self.ctx.images is None else BatchImages(self.ctx.images)
         for i, lane in enumerate(self.lanes):
             for k in range(r):
                 row = lane.next_row()
                 if row is None:
+                    clock.switch(left)
                     return None
                 tokens[i * r + k], positions[i * r + k] = row
                 assert lane.last_sources is not None
-                src_tokens += lane.last_sources[0]
-                src_docs += lane.last_sources[1]
+                counted.append(lane.last_sources)
                 if images is not None:
                     images.add_row(i * r + k, lane.last_images)
+            clock.switch(ASSEMBLE)
+            # A lane's digest as soon as its rows are in: its images are the last added.
             digest = rows_digest(tokens[i * r : (i + 1) * r], positions[i * r : (i + 1) * r])
             digests.append(digest if images is None else images.lane_digest(digest))
+            clock.switch(PACK)
             flushes[lane.lane] = lane.take_flushes()
+        clock.switch(ASSEMBLE)
+        by_source = (
+            np.array(counted, dtype=np.int64).reshape(n, 2, len(self.source_names)).sum(axis=0)
+        )
         if not self._warm:  # the first batch since the start or a boundary
             self._warm = True
             stats = scheduler.set_warm()
@@ -214,23 +246,32 @@ class BatchProducer:
         batch = rows_to_batch(self.produced_step, tokens, positions, digests)
         if images is not None:
             images.finish(batch, tokens)
-        batch.source_tokens, batch.source_docs = src_tokens, src_docs
+        batch.source_tokens, batch.source_docs = by_source[0], by_source[1]
         batch.source_names = self.source_names
         batch.phase = phase.name
         self.produced_step += 1
         entered, self._entered = self._entered, None
+        clock.switch(left)
         return batch, flushes, entered
 
     def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+        clock = current()
+        begun = clock.wait_begin()
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._queue.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+        finally:
+            clock.wait_end(begun)
 
     def _run(self) -> None:
+        profile = self.ctx.scheduler.profile
+        if profile is not None:
+            profile.clock("prefetch")
         try:
             while not self._stop.is_set():
                 item = self.produce()

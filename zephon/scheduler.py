@@ -36,6 +36,18 @@ from zephon.lane_docs import BlockPart
 from zephon.pieces import encode_documents, needs_pieces
 from zephon.planner import DEFAULT_LOOKAHEAD_BYTES, NeedPlanner, StepMap
 from zephon.reading import read_slots
+from zephon.stage_profile import (
+    CONVERT,
+    IMAGE,
+    NULL_CLOCK,
+    OTHER,
+    PLAN,
+    READ,
+    TOKENIZE,
+    Clock,
+    StageProfile,
+    current,
+)
 from zephon.tokenize import TokenizerInfo, encode_raw, frame_ids
 
 
@@ -57,6 +69,14 @@ class _Finished:
     encodings: bool
 
 
+def _take_texts(slots: list[Slot]) -> list[str]:
+    """The slots' texts, taken out of them (the tokenizer call holds them now)."""
+    texts = [s.text for s in slots]
+    for s in slots:
+        s.text = None
+    return texts
+
+
 class DemandScheduler:
     """Reads and tokenizes documents for all lanes of one loader, in order of need.
 
@@ -70,6 +90,7 @@ class DemandScheduler:
         unit: the recipe's mixture unit ("tokens" or "documents").
         budget_bytes: lookahead budget of image bytes (images/budget.py).
         images: the image work of a recipe with image sources (images/work.py).
+        profile: where the threads charge their CPU by stage (None: not profiled).
     """
 
     def __init__(
@@ -82,14 +103,15 @@ class DemandScheduler:
         max_docs: int = 1024,
         budget_bytes: int = DEFAULT_LOOKAHEAD_BYTES,
         images: Any = None,
+        profile: StageProfile | None = None,
     ):
-        self.tok, self.unit, self.images = tok, unit, images
+        self.tok, self.unit, self.images, self.profile = tok, unit, images, profile
         self.planner = NeedPlanner(budget_tokens, steps, max_docs, budget_bytes=budget_bytes)
         # One lock, three conditions: lanes wait on `cond` for documents, the
         # planning thread on `wake` for something to do, the tokenizer thread on
         # `queued` for a call. Waking only the side that can proceed keeps the
         # threads from trading the GIL for nothing.
-        lock = threading.Lock()
+        lock = self._lock = threading.Lock()
         self.cond = threading.Condition(lock)
         self.wake = threading.Condition(lock)
         self.queued = threading.Condition(lock)
@@ -170,13 +192,7 @@ class DemandScheduler:
     def count_fetched(self, tokens: int, pretokenized: bool) -> None:
         """A lane read and tokenized one document itself (a carried tail): count it."""
         with self.cond:
-            stats = self.planner.stats
-            if pretokenized:
-                stats.docs_pretokenized += 1
-                stats.tokens_pretokenized += tokens
-            else:
-                stats.docs_tokenized += 1
-                stats.tokens_tokenized += tokens
+            self.planner.stats.count_document(tokens, pretokenized)
 
     def _notify_everyone(self) -> None:
         self.cond.notify_all()
@@ -193,7 +209,7 @@ class DemandScheduler:
         """The feed's next document (ids, index in the source), waiting for it if
         needed; None once the feed has ended."""
         planner = self.planner
-        with self.cond:
+        with self._lock:  # the lock itself: Condition.__enter__ is a Python call per document
             while True:
                 got = planner.pop_ready(feed)
                 if got is not None:
@@ -212,14 +228,16 @@ class DemandScheduler:
                     self._work_inline()
                 else:
                     self.wake.notify()
-                    self.cond.wait()
+                    current().wait(self.cond)
 
     # -- doing the work (lock held, released around reading and tokenizing) ---------
 
-    def _plan(self) -> tuple[list[Slot], list[tuple[Feed, list[BlockPart]]]]:
+    def _plan(self, clock: Clock) -> tuple[list[Slot], list[tuple[Feed, list[BlockPart]]]]:
         if self.closed:
             return [], []
+        left = clock.switch(PLAN)
         plan = self.planner.plan()
+        clock.switch(left)
         if plan.served_from_cache and self.planner.waiting:
             self.cond.notify_all()
         return plan.call, plan.reads
@@ -229,72 +247,75 @@ class DemandScheduler:
         if self.planner.waiting:
             self.cond.notify_all()
 
-    @staticmethod
-    def _texts(slots: list[Slot]) -> list[str]:
-        texts = [s.text for s in slots]
-        for s in slots:
-            s.text = None
-        return texts
-
-    def _encode(self, slots: list[Slot]) -> None:
+    def _encode(self, slots: list[Slot], clock: Clock) -> None:
         """Tokenize the slots' texts (lock released) and store the ids (lock held)."""
-        texts = self._texts(slots)
+        texts = _take_texts(slots)
         self.cond.release()
         try:
-            out, encodings = run_call(slots, texts, self.tok, self.images)
-            ids: list[np.ndarray] | BaseException = frame_ids(out, self.tok) if encodings else out
-        except BaseException as exc:  # handed to the lanes that wait on these documents
-            ids = exc
+            ids = encode_call(slots, texts, self.tok, self.images, clock)
         finally:
             self.cond.acquire()
+        self._store(slots, texts, ids, clock)
+
+    def _store(self, slots: list[Slot], texts: list[str], ids: Any, clock: Clock) -> None:
+        left = clock.switch(PLAN)
         self.planner.stored(slots, texts, ids)
+        clock.switch(left)
         self._ready()
 
-    def _read(self, f: Feed, parts: list[BlockPart]) -> None:
+    def _read(self, f: Feed, parts: list[BlockPart], clock: Clock) -> None:
         """Read documents of a feed (lock released) and add them (lock held)."""
         self.cond.release()
+        left = clock.switch(READ)
         try:
             slots, err = read_slots(f, parts, self.tok)
         finally:
+            clock.switch(PLAN)
             self.cond.acquire()
         self.planner.read_done(f, slots, err)
+        clock.switch(left)
         self._ready()
         self.wake.notify()  # documents to tokenize
 
     def _read_locked(self, f: Feed, parts: list[BlockPart]) -> None:
         with self.cond:
-            self._read(f, parts)
+            self._read(f, parts, NULL_CLOCK)  # a remote read mostly waits on the network
 
     def _work_inline(self) -> None:
-        call, reads = self._plan()
+        clock = current()
+        call, reads = self._plan(clock)
         for f, parts in reads:
-            self._read(f, parts)
+            self._read(f, parts, clock)
         if call:
-            self._encode(call)
+            self._encode(call, clock)
+
+    def _clock(self, name: str) -> Clock:
+        return self.profile.clock(name) if self.profile is not None else NULL_CLOCK
 
     def _plan_loop(self) -> None:
         """Plans calls and reads; stores what the tokenizer thread finished."""
+        clock = self._clock("plan")
         with self.cond:
             try:
                 while not self.closed:
                     if self.done:
-                        self._finish(self.done.popleft())
+                        self._finish(self.done.popleft(), clock)
                         continue
                     if len(self.calls) < 2:
-                        call, reads = self._plan()
+                        call, reads = self._plan(clock)
                         for f, parts in reads:
                             if f.remote:  # waiting on the network: let a reader thread wait
                                 assert self._pool is not None
                                 self._pool.submit(self._read_locked, f, parts)
                             else:  # local reads are CPU work under the GIL: no thread gains
-                                self._read(f, parts)
+                                self._read(f, parts, clock)
                         if call:
-                            self.calls.append(_Call(call, self._texts(call)))
+                            self.calls.append(_Call(call, _take_texts(call)))
                             self.queued.notify()
                         if call or reads:
                             continue
                     self.idle += 1
-                    self.wake.wait()
+                    clock.wait(self.wake)
                     self.idle -= 1
             except BaseException as exc:  # a bug here must not leave lanes waiting forever
                 self.error = exc
@@ -303,20 +324,23 @@ class DemandScheduler:
 
     def _tokenize_loop(self) -> None:
         """Calls the tokenizer on the planned calls, one after the other."""
+        clock = self._clock("tokenize")
         with self.cond:
             try:
                 while not self.closed:
                     if not self.calls:
-                        self.queued.wait()
+                        clock.wait(self.queued)
                         continue
                     call = self.calls.popleft()
                     self.wake.notify()  # room for the next call
                     self.cond.release()
+                    clock.switch(TOKENIZE)
                     try:
                         out, encodings = run_call(call.slots, call.texts, self.tok, self.images)
                     except BaseException as exc:  # handed to the lanes that wait on these
                         out, encodings = exc, False
                     finally:
+                        clock.switch(OTHER)
                         self.cond.acquire()
                     self.done.append(_Finished(call, out, encodings))
                     self.wake.notify()
@@ -325,19 +349,20 @@ class DemandScheduler:
                 self._notify_everyone()
                 raise
 
-    def _finish(self, finished: _Finished) -> None:
+    def _finish(self, finished: _Finished, clock: Clock) -> None:
         """Store a finished call (lock held; released while encodings become ids)."""
         out = finished.out
         if finished.encodings:
             self.cond.release()
+            left = clock.switch(CONVERT)
             try:
                 out = frame_ids(out, self.tok)
             except BaseException as exc:
                 out = exc
             finally:
+                clock.switch(left)
                 self.cond.acquire()
-        self.planner.stored(finished.call.slots, finished.call.texts, out)
-        self._ready()
+        self._store(finished.call.slots, finished.call.texts, out, clock)
 
     def close(self) -> None:
         with self.cond:
@@ -349,8 +374,26 @@ class DemandScheduler:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-        if self.images is not None:
-            self.images.close()
+        for owned in (self.images, self.profile):  # the decode pool, the stage clocks
+            if owned is not None:
+                owned.close()
+
+
+def encode_call(
+    slots: list[Slot], texts: list[Any], tok: TokenizerInfo, images: Any, clock: Clock
+) -> list[np.ndarray] | BaseException:
+    """The ids of one call's documents, or the error the lanes waiting on them get;
+    the tokenizer's time is charged to `tokenize`, the ids' conversion to `convert`."""
+    left = clock.switch(TOKENIZE)
+    try:
+        out, encodings = run_call(slots, texts, tok, images)
+        if encodings:  # encode_documents without its cuts, its two stages apart
+            clock.switch(CONVERT)
+        return frame_ids(out, tok) if encodings else out
+    except BaseException as exc:  # handed to the lanes that wait on these documents
+        return exc
+    finally:
+        clock.switch(left)
 
 
 def run_call(
@@ -361,7 +404,12 @@ def run_call(
     are decoded and framed by the image work; otherwise only the tokenizer runs
     here, and the planning thread converts."""
     if images is not None and any(s.feed.images is not None for s in slots):
-        return images.encode(texts, [(s.feed.reader, s.doc_id) for s in slots]), False
+        clock = current()
+        left = clock.switch(IMAGE)  # decoding and patches (the native pool stays tokenize's)
+        try:
+            return images.encode(texts, [(s.feed.reader, s.doc_id) for s in slots]), False
+        finally:
+            clock.switch(left)
     if needs_pieces(texts, tok):
         return encode_documents(texts, tok), False
     return encode_raw(texts, tok), True

@@ -41,6 +41,7 @@ from zephon.images.tokens import ImageTokenIds, image_token_ids
 from zephon.pieces import encode_documents
 from zephon.recipe import ImageSpec
 from zephon.sources.multimodal import MultimodalDoc, TextSegment
+from zephon.stage_profile import IMAGE, NULL_CLOCK, StageProfile
 from zephon.tokenize import TokenizerInfo, encode_raw
 from zephon.tolerant import DroppingReader
 
@@ -75,10 +76,16 @@ class ImageWork:
     """Reads' and tokenizer calls' work on image documents, for one recipe and tokenizer.
 
     decoders: threads that decode a call's documents (the loader's workers); 0 or 1
-    decode on the calling thread."""
+    decode on the calling thread. profile: where decoding threads charge their CPU."""
 
-    def __init__(self, spec: ImageSpec, tok: TokenizerInfo, decoders: int = 0):
-        self.spec, self.tok = spec, tok
+    def __init__(
+        self,
+        spec: ImageSpec,
+        tok: TokenizerInfo,
+        decoders: int = 0,
+        profile: StageProfile | None = None,
+    ):
+        self.spec, self.tok, self.profile = spec, tok, profile
         self.ids: ImageTokenIds = image_token_ids(spec, tok.tokenizer.token_to_id, tok.vocab_size)
         self._head = [tok.bos_id] if tok.add_bos else []
         self._pool = ThreadPoolExecutor(decoders, "zephon-decode") if decoders > 1 else None
@@ -150,16 +157,23 @@ class ImageWork:
         """A document's images, one after another: patches and hash, or the first error."""
         doc = planned.value
         assert isinstance(doc, MultimodalDoc)
+        # A pool thread gets a clock of its own on first use; the calling thread's
+        # is already in the image stage.
+        clock = self.profile.here("zephon-decode") if self.profile is not None else NULL_CLOCK
+        left = clock.switch(IMAGE)
         out = []
-        for seg in doc.segments:
-            if isinstance(seg, TextSegment):
-                continue
-            try:
-                patches = prepare_image(seg.data, seg.name, self.spec)
-            except ImageError as exc:
-                return exc
-            out.append((patches, image_digest(patches.grid, patches.patches)))
-        return out
+        try:
+            for seg in doc.segments:
+                if isinstance(seg, TextSegment):
+                    continue
+                try:
+                    patches = prepare_image(seg.data, seg.name, self.spec)
+                except ImageError as exc:
+                    return exc
+                out.append((patches, image_digest(patches.grid, patches.patches)))
+            return out
+        finally:
+            clock.switch(left)
 
     def _empty(self) -> np.ndarray:
         return np.array([*self._head, self.tok.eos_id], dtype=np.int32)

@@ -23,6 +23,7 @@ from zephon.sources.multimodal import TableRecords
 from zephon.sources.spans import spans
 from zephon.sources.storage import ByteObject, is_remote
 from zephon.sources.values import check_value
+from zephon.stage_profile import PARSE, current
 
 
 class ParquetFile:
@@ -79,7 +80,10 @@ class ParquetFile:
                 if self.spec.pretokenized:
                     loc.groups[g] = self._token_lists(col.combine_chunks(), first)
                 else:
+                    clock = current()
+                    left = clock.switch(PARSE)
                     loc.groups[g] = col.to_pylist()
+                    clock.switch(left)
             while len(loc.groups) > self._CACHE_GROUPS:
                 loc.groups.popitem(last=False)
         return loc.groups[g]

@@ -88,18 +88,20 @@ class SourceReader:
         """Values of documents `docs` (any order, in that order), as read_range(i, i + 1)
         gives each; a bad record raises read_range's error for it. Parts that can
         (JSONL) read their documents together, in file order."""
-        where = (np.searchsorted(self.part_starts, docs, side="right") - 1).tolist()
-        by_part: dict[int, list[int]] = {}
-        for k, p in enumerate(where):
-            by_part.setdefault(p, []).append(k)
+        idx = np.asarray(docs, dtype=np.int64)
+        where = np.searchsorted(self.part_starts, idx, side="right") - 1
+        if len(where) and where[0] == where[-1] and (where == where[0]).all():
+            return self._read_part_docs(int(where[0]), idx)  # the common case: one file
         out: list[Any] = [None] * len(docs)
-        for p, ks in sorted(by_part.items()):
-            base, part = int(self.part_starts[p]), self.parts[p]
-            local = [docs[k] - base for k in ks]
-            if hasattr(part, "read_docs"):
-                values = part.read_docs(local)
-            else:
-                values = [part.read(i, i + 1)[0] for i in local]
-            for k, v in zip(ks, values, strict=True):
+        for p in np.unique(where).tolist():
+            ks = np.flatnonzero(where == p)
+            for k, v in zip(ks.tolist(), self._read_part_docs(p, idx[ks]), strict=True):
                 out[k] = v
         return out
+
+    def _read_part_docs(self, p: int, docs: np.ndarray) -> list[Any]:
+        part = self.parts[p]
+        local = (docs - self.part_starts[p]).tolist()
+        if hasattr(part, "read_docs"):
+            return part.read_docs(local)
+        return [part.read(i, i + 1)[0] for i in local]
