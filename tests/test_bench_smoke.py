@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from train_harness import ensure_sample_data
 
 from zephon.stage_profile import STAGES
@@ -74,3 +75,33 @@ def test_bench_throughput_quick(tmp_path: Path) -> None:
     page = out.with_suffix(".md").read_text()
     assert "| sample | 8 |" in page and "| web | 8 |" in page
     assert "| corpus | lanes | read | parse | plan | tokenize |" in page
+
+
+def test_bench_images_quick(tmp_path: Path) -> None:
+    script = REPO / "benchmarks" / "bench_images.py"
+    out = tmp_path / "images.json"
+    cmd = [sys.executable, str(script), "--quick", "--work", str(tmp_path / "work")]
+    proc = subprocess.run(
+        [*cmd, "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    cfg, s, (r,) = doc["config"], doc["summary"], doc["rounds"]
+    assert cfg["quick"] is True and cfg["rounds"] == 1
+    # Every side worked on the whole corpus: the raw loops and the conventional
+    # path each took every image once; the pipeline delivered as many (its last
+    # step may overshoot by less than a step) and decoded at least those.
+    for kind in ("raw", "raw_no_digest", "raw_1_thread", "conventional"):
+        assert r[kind]["images"] == cfg["images"], kind
+    a = r["pipeline"]
+    assert 0 <= a["images"] - cfg["images"] < a["images"] / a["steps"] + 1
+    # and decoded no more than those plus the lookahead (two steps of tokens,
+    # two batches prefetched, a call in flight)
+    per_step = a["images"] / a["steps"]
+    assert a["images"] <= a["images_decoded"] <= a["images"] + 6 * per_step
+    assert a["steps"] * cfg["global_batch"] * (cfg["seq_len"] + 1) >= a["tokens"] > 0
+    assert s["ratio_pipeline_raw"] == pytest.approx(s["pipeline_images_s"] / s["raw_images_s"])
+    assert f"RATIO pipeline/raw = {s['ratio_pipeline_raw']:.3f}" in proc.stdout
+    for budget in doc["memory"].values():
+        assert 0 < budget["lookahead_peak_bytes"] and budget["rss_peak"] >= budget["rss_before"]
+    assert out.with_suffix(".md").read_text().startswith(f"# {doc['title']}")

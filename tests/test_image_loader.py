@@ -152,6 +152,32 @@ def test_digests_equal_across_ranks_workers_lookahead_and_resume(tmp_path, algor
     assert all(a != b for a, b in zip(other, ref, strict=True))
 
 
+def test_workers_decode_images_in_a_pool_and_close_it(tmp_path, monkeypatch):
+    """With 2 workers the tokenizer thread hands a call's documents to a pool of
+    2 decode threads (it decodes only a call of one document itself); the pool
+    ends with the loader. The bytes are the inline loader's (test above)."""
+    import threading
+    from collections import Counter
+
+    seen: Counter[str] = Counter()
+    real = work.prepare_image
+
+    def recording(data: bytes, name: str, spec: Any) -> Any:
+        thread = threading.current_thread().name.rsplit("_", 1)[0]
+        seen[thread] += 1
+        return real(data, name, spec)
+
+    monkeypatch.setattr(work, "prepare_image", recording)
+    path = recipe(tmp_path, body=sources(0.5, 0.5, 0.0))
+    (loader,) = ranks(path, 1, num_workers=2, prefetch=2)
+    for _ in range(20):
+        loader.next_batch()
+    loader.close()
+    assert set(seen) <= {"zephon-decode", "zephon-tokenize"}, seen
+    assert seen["zephon-decode"] > 4 * seen["zephon-tokenize"], seen
+    assert not [t for t in threading.enumerate() if t.name.startswith("zephon-decode")]
+
+
 @pytest.mark.parametrize("algorithm", ["concat", "best_fit"])
 def test_no_image_is_split_and_placeholders_match_patches(tmp_path, algorithm):
     """Every row of a long run (1,920 rows): each image whole in one row's inputs,

@@ -16,6 +16,7 @@ from typing import Any
 
 import bench_boundary
 import bench_grad_memory
+import bench_images
 import bench_index
 import bench_scale
 import bench_throughput
@@ -29,6 +30,7 @@ import preempt_save_time
 import pytest
 import two_node_resume
 import uneven_resume
+import vlm_caption_probe
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results"
@@ -36,6 +38,7 @@ RESULTS = REPO / "docs" / "results"
 PAGES: dict[str, Callable[[Any], str]] = {
     "bench_boundary": bench_boundary.markdown,
     "bench_grad_memory": bench_grad_memory.page,
+    "bench_images": bench_images.page,
     "bench_index": bench_index.markdown,
     "bench_scale": bench_scale.render,
     "bench_throughput": bench_throughput.render,
@@ -51,6 +54,7 @@ PAGES: dict[str, Callable[[Any], str]] = {
     "preempt_save_time": preempt_save_time.report,
     "two_node_resume": two_node_resume.page,
     "uneven_resume": uneven_resume.page,
+    "vlm_caption_probe": vlm_caption_probe.page,
 }
 # docs/results name -> PAGES key, where the page is not named after its script.
 NAMES = {"grad_memory": "bench_grad_memory"}
@@ -86,6 +90,8 @@ def readme_block(marker: str) -> str:
         ("gpu_count_sensitivity", gpu_count_sensitivity.readme_summary),
         ("phases_demo", phases_demo.table),
         ("elastic_scenarios", elastic_scenarios.readme_summary),
+        ("vlm_caption_probe", vlm_caption_probe.table),
+        ("bench_images", bench_images.table),
     ],
 )
 def test_readme_figures_are_generated(marker: str, summary: Callable[[Any], str]) -> None:
@@ -102,6 +108,7 @@ def test_render_commands_rewrite_the_page(tmp_path: Path) -> None:
         "fault_injection": fault_injection.render,
         "gpu_count_sensitivity": gpu_count_sensitivity.publish,
         "phases_demo": phases_demo.publish,
+        "vlm_caption_probe": vlm_caption_probe.publish,
     }
     for name, render in entry.items():
         copy = tmp_path / f"{name}.json"

@@ -136,7 +136,7 @@ def build_context(
     if any(s.multimodal for s in recipe.sources):
         from zephon.images.work import ImageWork  # Pillow only where images are read
 
-        images = ImageWork(recipe.image, tok)
+        images = ImageWork(recipe.image, tok, decoders=workers, profile=profile)
     tokens, image_bytes = budgets
     unit = recipe.mixture.unit
     scheduler = DemandScheduler(

@@ -374,8 +374,9 @@ class DemandScheduler:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-        if self.profile is not None:
-            self.profile.close()
+        for owned in (self.images, self.profile):  # the decode pool, the stage clocks
+            if owned is not None:
+                owned.close()
 
 
 def encode_call(

@@ -9,8 +9,13 @@ lane, in two stateless steps (docs/design.md §14):
   bytes it will hold (`PlannedDoc.cost`);
 - when tokenized (`ImageWork.encode`): text segments through the tokenizer
   (one call for all of a call's documents), images decoded, resized and cut
-  into patches (zephon/images/prepare.py), each hashed here, and the
-  document framed as one id array (images/documents.py).
+  into patches (zephon/images/prepare.py), each hashed by the thread that
+  decoded it, and the document framed as one id array (images/documents.py).
+  With two or more workers the call's documents are decoded by a pool of
+  that many threads (Pillow's decoders and resampling release the GIL), one
+  document per task and its images one after another, so each document's
+  reservation of one decode peak (`PlannedDoc.cost`) still holds; results
+  are taken in the call's order, so no byte depends on the thread count.
 
 A bad image (not an image, truncated or corrupt, zero bytes, more pixels than
 `max_decoded_pixels`) makes its whole document bad: under `bad_records =
@@ -23,6 +28,7 @@ images (zephon/pieces.py).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,11 +36,12 @@ import numpy as np
 
 from zephon.errors import ImageError
 from zephon.images.documents import DocImage, ImageDoc, ImageDocIds, bad_document, image_digest
-from zephon.images.prepare import ImagePlan, plan_image, prepare_image
+from zephon.images.prepare import ImagePatches, ImagePlan, plan_image, prepare_image
 from zephon.images.tokens import ImageTokenIds, image_token_ids
 from zephon.pieces import encode_documents
 from zephon.recipe import ImageSpec
 from zephon.sources.multimodal import MultimodalDoc, TextSegment
+from zephon.stage_profile import IMAGE, NULL_CLOCK, StageProfile
 from zephon.tokenize import TokenizerInfo, encode_raw
 from zephon.tolerant import DroppingReader
 
@@ -61,13 +68,32 @@ class PlannedDoc:
         return tokens, self.patch_bytes + self.peak_bytes
 
 
-class ImageWork:
-    """Reads' and tokenizer calls' work on image documents, for one recipe and tokenizer."""
+# A document's images decoded and hashed, in order, or the first bad one's error.
+Decoded = list[tuple[ImagePatches, bytes]] | ImageError
 
-    def __init__(self, spec: ImageSpec, tok: TokenizerInfo):
-        self.spec, self.tok = spec, tok
+
+class ImageWork:
+    """Reads' and tokenizer calls' work on image documents, for one recipe and tokenizer.
+
+    decoders: threads that decode a call's documents (the loader's workers); 0 or 1
+    decode on the calling thread. profile: where decoding threads charge their CPU."""
+
+    def __init__(
+        self,
+        spec: ImageSpec,
+        tok: TokenizerInfo,
+        decoders: int = 0,
+        profile: StageProfile | None = None,
+    ):
+        self.spec, self.tok, self.profile = spec, tok, profile
         self.ids: ImageTokenIds = image_token_ids(spec, tok.tokenizer.token_to_id, tok.vocab_size)
         self._head = [tok.bos_id] if tok.add_bos else []
+        self._pool = ThreadPoolExecutor(decoders, "zephon-decode") if decoders > 1 else None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
     def plan(self, value: Any) -> PlannedDoc:
         """The read-time plan of a value of a source with images (header reads only)."""
@@ -107,6 +133,15 @@ class ImageWork:
             if isinstance(s, TextSegment)
         ]
         seg_ids = iter([e.ids for e in encode_raw(segments, self.tok)] if segments else [])
+        todo = [
+            v
+            for v in values
+            if isinstance(v, PlannedDoc) and isinstance(v.value, MultimodalDoc) and v.error is None
+        ]
+        if self._pool is not None and len(todo) > 1:
+            decoded = iter(list(self._pool.map(self._decode, todo)))
+        else:
+            decoded = iter([self._decode(v) for v in todo])
         out: list[np.ndarray] = []
         for v, (reader, doc_id) in zip(values, origins, strict=True):
             if isinstance(v, str):
@@ -114,42 +149,69 @@ class ImageWork:
             elif not isinstance(v.value, MultimodalDoc):
                 out.append(self._empty())
             else:
-                out.append(self._document(v, seg_ids, reader, doc_id))
+                images = next(decoded) if v.error is None else v.error
+                out.append(self._document(v, seg_ids, reader, doc_id, images))
         return out
+
+    def _decode(self, planned: PlannedDoc) -> Decoded:
+        """A document's images, one after another: patches and hash, or the first error."""
+        doc = planned.value
+        assert isinstance(doc, MultimodalDoc)
+        # A pool thread gets a clock of its own on first use; the calling thread's
+        # is already in the image stage.
+        clock = self.profile.here("zephon-decode") if self.profile is not None else NULL_CLOCK
+        left = clock.switch(IMAGE)
+        out = []
+        try:
+            for seg in doc.segments:
+                if isinstance(seg, TextSegment):
+                    continue
+                try:
+                    patches = prepare_image(seg.data, seg.name, self.spec)
+                except ImageError as exc:
+                    return exc
+                out.append((patches, image_digest(patches.grid, patches.patches)))
+            return out
+        finally:
+            clock.switch(left)
 
     def _empty(self) -> np.ndarray:
         return np.array([*self._head, self.tok.eos_id], dtype=np.int32)
 
-    def _document(self, planned: PlannedDoc, seg_ids: Any, reader: Any, doc_id: int) -> np.ndarray:
+    def _document(
+        self, planned: PlannedDoc, seg_ids: Any, reader: Any, doc_id: int, images: Decoded
+    ) -> np.ndarray:
         doc = planned.value
         assert isinstance(doc, MultimodalDoc)
         texts = [next(seg_ids) for s in doc.segments if isinstance(s, TextSegment)]
         try:
-            if planned.error is not None:
-                raise planned.error
-            return self._frame(doc, texts)
+            if isinstance(images, ImageError):
+                raise images
+            return self._frame(doc, texts, images)
         except ImageError as exc:
             if isinstance(reader, DroppingReader):
                 reader.drop(doc_id, exc)
                 return self._empty()
             return bad_document(exc)
 
-    def _frame(self, doc: MultimodalDoc, texts: list[list[int]]) -> ImageDocIds:
+    def _frame(
+        self, doc: MultimodalDoc, texts: list[list[int]], decoded: list[tuple[ImagePatches, bytes]]
+    ) -> ImageDocIds:
         """The document's ids (BOS, segments in order, EOS) and its decoded images."""
         ids = self.ids
         parts: list[Any] = [self._head]
         images: list[DocImage] = []
         at, k = len(self._head), 0
+        pending = iter(decoded)
         for seg in doc.segments:
             if isinstance(seg, TextSegment):
                 parts.append(texts[k])
                 at += len(texts[k])
                 k += 1
                 continue
-            out = prepare_image(seg.data, seg.name, self.spec)
+            out, digest = next(pending)
             block = np.full(out.num_tokens + 2, ids.pad, dtype=np.int32)
             block[0], block[-1] = ids.start, ids.end
-            digest = image_digest(out.grid, out.patches)
             images.append(DocImage(at, out.num_tokens, out.grid, out.patches, digest, seg.name))
             parts.append(block)
             at += len(block)
