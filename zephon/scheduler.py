@@ -69,12 +69,21 @@ class _Finished:
     encodings: bool
 
 
-def _take_texts(slots: list[Slot]) -> list[str]:
-    """The slots' texts, taken out of them (the tokenizer call holds them now)."""
+def _take_texts(slots: list[Slot], images: Any = None) -> list[str]:
+    """The slots' texts, taken out of them (the tokenizer call holds them now);
+    with `images`, their decoding starts now (images/work.py `start`)."""
     texts = [s.text for s in slots]
     for s in slots:
         s.text = None
+    if images is not None:
+        images.start(texts)
     return texts
+
+
+def _drop_calls(calls: deque[_Call], images: Any) -> None:
+    calls.clear()
+    if images is not None:
+        images.forget()
 
 
 class DemandScheduler:
@@ -154,7 +163,7 @@ class DemandScheduler:
             self.planner.reset(keep_stats)
             if steps is not None:
                 self.planner.steps = steps
-            self.calls.clear()  # planned for the old lanes and not started
+            _drop_calls(self.calls, self.images)  # planned for the old lanes, not started
             self._notify_everyone()
 
     def set_floor(self, step: int) -> None:
@@ -310,7 +319,7 @@ class DemandScheduler:
                             else:  # local reads are CPU work under the GIL: no thread gains
                                 self._read(f, parts, clock)
                         if call:
-                            self.calls.append(_Call(call, _take_texts(call)))
+                            self.calls.append(_Call(call, _take_texts(call, self.images)))
                             self.queued.notify()
                         if call or reads:
                             continue

@@ -12,8 +12,9 @@ lane, in two stateless steps (docs/design.md §14):
   into patches (zephon/images/prepare.py), each hashed by the thread that
   decoded it, and the document framed as one id array (images/documents.py).
   With two or more workers the call's documents are decoded by a pool of
-  that many threads (Pillow's decoders and resampling release the GIL), one
-  document per task and its images one after another, so each document's
+  that many threads (Pillow's decoders and resampling release the GIL),
+  started when the call is planned (`start`: its bytes are reserved then),
+  one document per task and its images one after another, so each document's
   reservation of one decode peak (`PlannedDoc.cost`) still holds; results
   are taken in the call's order, so no byte depends on the thread count.
 
@@ -28,7 +29,7 @@ images (zephon/pieces.py).
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,8 +90,30 @@ class ImageWork:
         self.ids: ImageTokenIds = image_token_ids(spec, tok.tokenizer.token_to_id, tok.vocab_size)
         self._head = [tok.bos_id] if tok.add_bos else []
         self._pool = ThreadPoolExecutor(decoders, "zephon-decode") if decoders > 1 else None
+        self._started: dict[int, tuple[PlannedDoc, Future[Decoded]]] = {}  # by id of the doc
+
+    def start(self, values: list[Any]) -> None:
+        """Start decoding a planned call's documents in the pool now: their bytes
+        are reserved from the moment the call is planned, and the pool then never
+        idles while the call before this one finishes its slowest document."""
+        if self._pool is not None:
+            for v in values:
+                if _decodable(v):
+                    self._started[id(v)] = (v, self._pool.submit(self._decode, v))
+
+    def forget(self) -> None:
+        """Drop decodes started for calls that will not run (a reset)."""
+        self._started.clear()
+
+    def _take_started(self, v: PlannedDoc) -> Future[Decoded]:
+        assert self._pool is not None
+        started = self._started.pop(id(v), None)
+        if started is not None and started[0] is v:
+            return started[1]
+        return self._pool.submit(self._decode, v)
 
     def close(self) -> None:
+        self._started.clear()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
@@ -133,13 +156,10 @@ class ImageWork:
             if isinstance(s, TextSegment)
         ]
         seg_ids = iter([e.ids for e in encode_raw(segments, self.tok)] if segments else [])
-        todo = [
-            v
-            for v in values
-            if isinstance(v, PlannedDoc) and isinstance(v.value, MultimodalDoc) and v.error is None
-        ]
-        if self._pool is not None and len(todo) > 1:
-            decoded = iter(list(self._pool.map(self._decode, todo)))
+        todo = [v for v in values if _decodable(v)]
+        if self._pool is not None:
+            futures = [self._take_started(v) for v in todo]
+            decoded = iter([f.result() for f in futures])
         else:
             decoded = iter([self._decode(v) for v in todo])
         out: list[np.ndarray] = []
@@ -232,3 +252,8 @@ def bad_images(value: Any, spec: ImageSpec) -> list[str]:
         except ImageError as exc:
             out.append(str(exc))
     return out
+
+
+def _decodable(v: Any) -> bool:
+    """A planned document with images to decode (no bad header)."""
+    return isinstance(v, PlannedDoc) and isinstance(v.value, MultimodalDoc) and v.error is None
