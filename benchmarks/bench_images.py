@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_pipeline import quote_in_readme
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -62,7 +63,6 @@ import sample_images  # noqa: E402  (the sample generator, scripts/)
 
 TOKENIZER = REPO / "assets" / "tokenizer" / "tokenizer.json"
 RESULTS = REPO / "docs" / "results" / "bench_images.json"
-MARKERS = ("<!-- bench_images:begin -->", "<!-- bench_images:end -->")
 SEED = 31_337
 PER_SHARD = 250
 SEQ_LEN, GLOBAL_BATCH = 256, 32
@@ -431,11 +431,7 @@ def publish(path: Path) -> int:
     doc = json.loads(path.read_text())
     path.with_suffix(".md").write_text(page(doc))
     if path.resolve() == RESULTS.resolve():
-        readme = REPO / "README.md"
-        body, (begin, end) = readme.read_text(), MARKERS
-        if begin in body and end in body:
-            head, rest = body.split(begin, 1)
-            readme.write_text(head + begin + "\n" + table(doc) + rest[rest.index(end) :])
+        quote_in_readme("bench_images", table(doc))
     print(page(doc), end="")
     return 0
 

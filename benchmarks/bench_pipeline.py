@@ -113,6 +113,19 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def quote_in_readme(name: str, text: str) -> None:
+    """Put `text` between the README's `<!-- name:begin -->` and `<!-- name:end -->`
+    markers (figures the README quotes are written by their script, never by hand);
+    nothing happens when the README has no such markers. (scripts/ has the same
+    helper in train_harness.py: the two folders do not import each other.)"""
+    readme = REPO / "README.md"
+    body = readme.read_text()
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    if begin in body and end in body:
+        head, rest = body.split(begin, 1)
+        readme.write_text(head + begin + "\n" + text + rest[rest.index(end) :])
+
+
 def loadavg() -> str:
     try:
         with open("/proc/loadavg") as f:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_pipeline import quote_in_readme
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "assets" / "tokenizer" / "tokenizer.json"
@@ -350,13 +351,8 @@ def publish(out: Path, result: dict[str, Any]) -> None:
     text = render(result)
     out.with_suffix(".md").write_text(text)
     print(text)
-    readme = REPO / "README.md"
-    begin, end = "<!-- bench_scale:begin -->", "<!-- bench_scale:end -->"
     if out.resolve() == (REPO / "docs" / "results" / "bench_scale").resolve():
-        body = readme.read_text()
-        if begin in body and end in body:
-            head, rest = body.split(begin, 1)
-            readme.write_text(head + begin + "\n" + text + rest[rest.index(end) :])
+        quote_in_readme("bench_scale", text)
 
 
 def render(r: dict[str, Any]) -> str:

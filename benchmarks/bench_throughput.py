@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 # `python benchmarks/bench_throughput.py` puts benchmarks/ first on sys.path.
-from bench_pipeline import batch_tokens, loadavg, machine_info
+from bench_pipeline import batch_tokens, loadavg, machine_info, quote_in_readme
 from bench_scale import make_corpus
 
 from zephon import ZephonLoader, load_recipe, load_tokenizer
@@ -70,7 +70,6 @@ from zephon.stage_profile import STAGES, per_token
 from zephon.tokenize import TokenizerInfo
 
 REPO = Path(__file__).resolve().parents[1]
-MARKERS = ("<!-- bench_throughput:begin -->", "<!-- bench_throughput:end -->")
 RECIPE_NAMES = {"long": "long-docs"}  # as the committed figures had it
 CORPUS_LANES = {"sample": [1, 8, 64], "long": [1, 8, 64], "web": [8], "mix": [8]}
 
@@ -329,12 +328,7 @@ def publish(out: Path, result: dict[str, Any]) -> None:
     out.with_suffix(".md").write_text(text)
     print(text)
     if out.resolve() == (REPO / "docs" / "results" / "bench_throughput").resolve():
-        readme = REPO / "README.md"
-        body = readme.read_text()
-        begin, end = MARKERS
-        if begin in body and end in body:
-            head, rest = body.split(begin, 1)
-            readme.write_text(head + begin + "\n" + text + rest[rest.index(end) :])
+        quote_in_readme("bench_throughput", text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,13 +60,12 @@ from pathlib import Path
 from typing import Any
 
 import fault_injection as fi
-from train_harness import data_digests, read_metrics, render_results
+from train_harness import data_digests, quote_in_readme, read_metrics, render_results
 
 from torchtitan.distributed.utils import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results" / "elastic_scenarios.json"
-MARKERS = ("<!-- elastic_scenarios:begin -->", "<!-- elastic_scenarios:end -->")
 
 STEPS, INTERVAL = 16, 4
 BASE = {"training.steps": STEPS, "checkpoint.interval": INTERVAL}
@@ -519,12 +518,7 @@ def render(path: Path) -> int:
     """The page beside a results JSON and, for the committed one, the README's copy."""
     code = render_results(path, report)
     if code == 0 and path.resolve() == RESULTS.resolve():
-        readme = REPO / "README.md"
-        body, (begin, end) = readme.read_text(), MARKERS
-        if begin in body and end in body:
-            head, rest = body.split(begin, 1)
-            text = readme_summary(json.loads(path.read_text()))
-            readme.write_text(head + begin + "\n" + text + rest[rest.index(end) :])
+        quote_in_readme("elastic_scenarios", readme_summary(json.loads(path.read_text())))
     return code
 
 

@@ -54,10 +54,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from train_harness import REPO, ensure_sample_data, read_metrics, render_results
+from train_harness import REPO, ensure_sample_data, quote_in_readme, read_metrics, render_results
 
 RESULTS = REPO / "docs" / "results" / "fault_injection.json"
-MARKERS = ("<!-- fault_injection:begin -->", "<!-- fault_injection:end -->")
 
 STEPS, INTERVAL = 8, 2
 BASE = {
@@ -499,12 +498,7 @@ def render(path: Path) -> int:
     """The page beside a results JSON and, for the committed one, the README's table."""
     code = render_results(path, report)
     if code == 0 and path.resolve() == RESULTS.resolve():
-        readme = REPO / "README.md"
-        body, (begin, end) = readme.read_text(), MARKERS
-        if begin in body and end in body:
-            head, rest = body.split(begin, 1)
-            text = table(json.loads(path.read_text())["results"])
-            readme.write_text(head + begin + "\n" + text + "\n" + rest[rest.index(end) :])
+        quote_in_readme("fault_injection", table(json.loads(path.read_text())["results"]) + "\n")
     return code
 
 

@@ -57,6 +57,7 @@ from train_harness import (
     overrides,
     parse_loaders,
     parse_sizes,
+    quote_in_readme,
     read_metrics,
     read_validation,
     render_results,
@@ -67,7 +68,6 @@ from zephon import LayoutError, plan_layout
 
 CONFIG = REPO / "train_configs" / "llama3_debugmodel.toml"
 RESULTS = REPO / "docs" / "results" / "gpu_count_sensitivity.json"
-MARKERS = ("<!-- gpu_count_sensitivity:begin -->", "<!-- gpu_count_sensitivity:end -->")
 
 
 @dataclass
@@ -500,12 +500,7 @@ def publish(path: Path) -> int:
     doc = json.loads(path.read_text())
     plot(doc, path.with_name(path.stem + "_val_loss.png"))
     if path.resolve() == RESULTS.resolve():
-        readme = REPO / "README.md"
-        body, (begin, end) = readme.read_text(), MARKERS
-        if begin in body and end in body:
-            head, rest = body.split(begin, 1)
-            summary = readme_summary(doc)
-            readme.write_text(head + begin + "\n" + summary + rest[rest.index(end) :])
+        quote_in_readme("gpu_count_sensitivity", readme_summary(doc))
     return 0
 
 

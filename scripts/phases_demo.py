@@ -41,6 +41,7 @@ from train_harness import (
     compare,
     copy_checkpoint,
     ensure_sample_data,
+    quote_in_readme,
     read_metrics,
     read_validation,
     render_results,
@@ -49,7 +50,6 @@ from train_harness import (
 
 RECIPE = REPO / "train_configs" / "data" / "sample_phases.toml"
 RESULTS = REPO / "docs" / "results" / "phases_demo.json"
-MARKERS = ("<!-- phases_demo:begin -->", "<!-- phases_demo:end -->")
 STEPS, BOUNDARY, MID, LOSS_RTOL = 60, 40, 50, 1e-5
 MIX_A = "{ prose = 0.3, code = 0.2, curated = 0.5 }"
 MIX_B = "{ prose = 0.2, code = 0.6, curated = 0.2 }"
@@ -258,11 +258,7 @@ def publish(path: Path) -> int:
     doc = json.loads(path.read_text())
     plot(doc, path.with_name(path.stem + "_curves.png"))
     if path.resolve() == RESULTS.resolve():
-        readme = REPO / "README.md"
-        body, (begin, end) = readme.read_text(), MARKERS
-        if begin in body and end in body:
-            head, rest = body.split(begin, 1)
-            readme.write_text(head + begin + "\n" + table(doc) + rest[rest.index(end) :])
+        quote_in_readme("phases_demo", table(doc))
     return 0
 
 

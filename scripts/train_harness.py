@@ -152,6 +152,18 @@ def render_results(path: Path, page: Callable[[dict[str, Any]], str]) -> int:
     return 0
 
 
+def quote_in_readme(name: str, text: str) -> None:
+    """Put `text` between the README's `<!-- name:begin -->` and `<!-- name:end -->`
+    markers (figures the README quotes are written by their script, never by hand);
+    nothing happens when the README has no such markers."""
+    readme = REPO / "README.md"
+    body = readme.read_text()
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    if begin in body and end in body:
+        head, rest = body.split(begin, 1)
+        readme.write_text(head + begin + "\n" + text + rest[rest.index(end) :])
+
+
 def results_args(doc: str) -> argparse.Namespace:
     """The command line every results script shares: `--out` (the results folder) and
     `--render JSON` (no runs: rewrite the page from the raw results)."""

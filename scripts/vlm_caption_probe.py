@@ -47,12 +47,11 @@ from typing import Any
 import numpy as np
 import sample_images
 import torch
-from train_harness import REPO, read_metrics, render_results, run_logged
+from train_harness import REPO, quote_in_readme, read_metrics, render_results, run_logged
 
 CONFIG = REPO / "train_configs" / "vlm_caption_probe.toml"
 TOKENIZER = REPO / "assets" / "tokenizer" / "tokenizer.json"
 RESULTS = REPO / "docs" / "results" / "vlm_caption_probe.json"
-MARKERS = ("<!-- vlm_caption_probe:begin -->", "<!-- vlm_caption_probe:end -->")
 # Seeds of the probe's corpus: neither is the sample corpus's, and they differ,
 # so no held-out scene is drawn in training.
 TRAIN_SEED, HELDOUT_SEED = 1_000_001, 2_000_002
@@ -333,13 +332,7 @@ def publish(path: Path) -> int:
     code = render_results(path, page)
     if code or path.resolve() != RESULTS.resolve():
         return code
-    readme = REPO / "README.md"
-    body, (begin, end) = readme.read_text(), MARKERS
-    if begin in body and end in body:
-        head, rest = body.split(begin, 1)
-        readme.write_text(
-            head + begin + "\n" + table(json.loads(path.read_text())) + rest[rest.index(end) :]
-        )
+    quote_in_readme("vlm_caption_probe", table(json.loads(path.read_text())))
     return 0
 
 
