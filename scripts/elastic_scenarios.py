@@ -60,7 +60,13 @@ from pathlib import Path
 from typing import Any
 
 import fault_injection as fi
-from train_harness import data_digests, quote_in_readme, read_metrics, render_results
+from train_harness import (
+    data_digests,
+    pick_scenarios,
+    quote_in_readme,
+    read_metrics,
+    render_results,
+)
 
 from torchtitan.distributed.utils import free_port
 
@@ -532,10 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.render is not None:
         return render(a.render)
-    names = [s for s in a.scenarios.split(",") if s]
-    unknown = [s for s in names if s not in SCENARIOS]
-    if unknown:
-        p.error(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)}")
+    names = pick_scenarios(p, a.scenarios, SCENARIOS)
     fi.ensure_sample_data()
     ref = data_digests(
         STEPS, int(fi.BASE["training.seq_len"]), int(fi.BASE["training.global_batch_size"])

@@ -54,7 +54,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from train_harness import REPO, ensure_sample_data, quote_in_readme, read_metrics, render_results
+from train_harness import (
+    REPO,
+    ensure_sample_data,
+    pick_scenarios,
+    quote_in_readme,
+    read_metrics,
+    render_results,
+)
 
 RESULTS = REPO / "docs" / "results" / "fault_injection.json"
 
@@ -529,10 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.render is not None:
         return render(a.render)
-    names = [s for s in a.scenarios.split(",") if s]
-    unknown = [s for s in names if s not in SCENARIOS]
-    if unknown:
-        p.error(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)}")
+    names = pick_scenarios(p, a.scenarios, SCENARIOS)
     ensure_sample_data()
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)

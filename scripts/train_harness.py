@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +171,16 @@ def results_args(doc: str) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=REPO / "docs" / "results")
     p.add_argument("--render", type=Path, default=None, help="no runs: results JSON -> .md")
     return p.parse_args()
+
+
+def pick_scenarios(p: argparse.ArgumentParser, text: str, known: Sequence[str]) -> list[str]:
+    """The comma-separated `--scenarios` subset, in the order given; an unknown name
+    is a usage error naming the known ones."""
+    names = [s for s in text.split(",") if s]
+    unknown = [s for s in names if s not in known]
+    if unknown:
+        p.error(f"unknown scenario(s) {unknown}; choose from {', '.join(known)}")
+    return names
 
 
 def parse_sizes(text: str) -> list[int]:

@@ -83,3 +83,27 @@ class RankLoader(Protocol):
     def close(self) -> None:
         """Stop background work (threads, worker processes)."""
         ...
+
+
+class WrappedLoader:
+    """What every adapter does alike around the loader it wraps (`self.loader`,
+    built from a recipe): the sources' names, batches until the end (None there),
+    its own per-rank state, and closing it."""
+
+    loader: Any
+
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.loader.recipe.sources)
+
+    def next_batch(self) -> Any:
+        try:
+            return self.loader.next_batch()
+        except StopIteration:
+            return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def close(self) -> None:
+        self.loader.close()

@@ -11,14 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 from torchtitan.config.job_config import JobConfig
+from torchtitan.datasets.contract import WrappedLoader
 from torchtitan.datasets.hf_baseline import HFBaselineLoader
-from zephon import Batch, StateError
+from zephon import StateError
 from zephon.recipe import Recipe
 
 HF_STATE_FORMAT = "hf_baseline.rank_states"
 
 
-class HFBaselineAdapter:
+class HFBaselineAdapter(WrappedLoader):
     """One data-parallel rank's hf baseline loader: its shard of the corpus."""
 
     def __init__(
@@ -42,19 +43,6 @@ class HFBaselineAdapter:
         )
         self.resume_mode = d.hf_resume
 
-    @property
-    def source_names(self) -> tuple[str, ...]:
-        return tuple(s.name for s in self.loader.recipe.sources)
-
-    def next_batch(self) -> Batch | None:
-        try:
-            return self.loader.next_batch()
-        except StopIteration:
-            return None
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
-
     def merge_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
         return {"format": HF_STATE_FORMAT, "ranks": states}
 
@@ -73,6 +61,3 @@ class HFBaselineAdapter:
 
     def dropped_records(self) -> int | None:
         return None  # the baseline keeps no count of dropped records
-
-    def close(self) -> None:
-        self.loader.close()

@@ -13,12 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 from torchtitan.config.job_config import JobConfig
+from torchtitan.datasets.contract import WrappedLoader
 from torchtitan.datasets.hf_adapter import HF_STATE_FORMAT
-from zephon import Batch, StateError, ZephonLoader, merge_rank_states
+from zephon import StateError, ZephonLoader, merge_rank_states
 from zephon.recipe import Recipe
 
 
-class ZephonAdapter:
+class ZephonAdapter(WrappedLoader):
     """One data-parallel rank's Zephon loader: its lanes of the global batch."""
 
     def __init__(self, cfg: JobConfig, recipe: Recipe, dp_rank: int, dp_size: int) -> None:
@@ -36,19 +37,6 @@ class ZephonAdapter:
             explicit=cfg.explicit_shape(),
             micro_batch_tokens=t.local_batch_tokens or None,
         )
-
-    @property
-    def source_names(self) -> tuple[str, ...]:
-        return tuple(s.name for s in self.loader.recipe.sources)
-
-    def next_batch(self) -> Batch | None:
-        try:
-            return self.loader.next_batch()
-        except StopIteration:
-            return None
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
 
     def merge_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
         return merge_rank_states(states)
@@ -71,6 +59,3 @@ class ZephonAdapter:
         if self.loader.recipe.bad_records != "drop":
             return None
         return self.loader.dropped_records()
-
-    def close(self) -> None:
-        self.loader.close()
