@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import tarfile
-from typing import Any
 
 import numpy as np
 
@@ -139,11 +138,8 @@ class TarShard:
     def read(self, a: int, b: int) -> list[MultimodalDoc]:
         return self.read_docs(list(range(a, b)))
 
-    def _members(self, i: int) -> tuple[str, int, int]:
-        """(key, image slot, text slot) of sample i, or the DataError naming what is missing."""
-        row = self.index[i]
-        key = bytes(row["key"]).decode("utf-8")
-        offsets, sizes = row["offset"], row["size"]
+    def _members(self, key: str, offsets: list[int], sizes: list[int]) -> tuple[int, int]:
+        """(image slot, text slot) of a sample, or the DataError naming what is missing."""
         where = f"{self.url}: key {key}"
         have = [SLOTS[s] for s in range(len(SLOTS)) if offsets[s] >= 0]
         if self.spec.image_field:
@@ -164,31 +160,28 @@ class TarShard:
             )
         if sizes[image] == 0:
             raise DataError(f"{where}: zero-size member {key}.{SLOTS[image]}")
-        return key, image, text
+        return image, text
 
     def read_docs(self, docs: list[int]) -> list[MultimodalDoc]:
         """Samples `docs` (any order, in that order); the first bad one raises."""
-        plans = [self._members(i) for i in docs]
-        ranges = sorted(
-            {
-                (int(self.index[i]["offset"][s]), int(self.index[i]["size"][s]))
-                for i, (_, image, text) in zip(docs, plans, strict=True)
-                for s in (image, text)
-            }
-        )
-        blobs = self._read_ranges(ranges)
+        # One gather from the memory-mapped index, then plain Python values: the
+        # per-sample numpy scalar lookups were most of a small sample's read cost.
+        rows = self.index[np.asarray(docs, dtype=np.int64)] if docs else self.index[:0]
+        keys = [k.decode("utf-8") for k in rows["key"].tolist()]
+        offsets, sizes = rows["offset"].tolist(), rows["size"].tolist()
+        plans = [self._members(*sample) for sample in zip(keys, offsets, sizes, strict=True)]
+        spans = [
+            [(offs[image], size[image]), (offs[text], size[text])]
+            for offs, size, (image, text) in zip(offsets, sizes, plans, strict=True)
+        ]
+        blobs = self._read_ranges(sorted({r for pair in spans for r in pair}))
         out = []
-        for i, (key, image, text) in zip(docs, plans, strict=True):
-            row = self.index[i]
+        for key, (image, text), (image_at, text_at) in zip(keys, plans, spans, strict=True):
             where = f"{self.url}: key {key}"
-
-            def member(s: int, row: Any = row) -> bytes:
-                return blobs[(int(row["offset"][s]), int(row["size"][s]))]
-
             name = f"{where} (member {key}.{SLOTS[image]})"
             segments = (
-                ImageSegment(member(image), name),
-                TextSegment(self._text(member(text), text, key, where)),
+                ImageSegment(blobs[image_at], name),
+                TextSegment(self._text(blobs[text_at], text, key, where)),
             )
             out.append(MultimodalDoc(where, segments))
         return out
