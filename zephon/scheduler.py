@@ -81,9 +81,12 @@ def _take_texts(slots: list[Slot], images: Any = None) -> list[str]:
 
 
 def _drop_calls(calls: deque[_Call], images: Any) -> None:
-    calls.clear()
+    """Drop the calls planned and not started; the decodes started for them stop
+    (the call in flight, if any, keeps its own)."""
     if images is not None:
-        images.forget()
+        for call in calls:
+            images.forget(call.texts)
+    calls.clear()
 
 
 class DemandScheduler:

@@ -14,8 +14,9 @@ lane, in two stateless steps (docs/design.md §14):
   With two or more workers the call's documents are decoded by a pool of
   that many threads (Pillow's decoders and resampling release the GIL),
   started when the call is planned (`start`: its bytes are reserved then),
-  one document per task and its images one after another, so each document's
-  reservation of one decode peak (`PlannedDoc.cost`) still holds; results
+  a few documents per task decoded one after another (and each document's
+  images one after another), so each document's reservation of one decode
+  peak (`PlannedDoc.cost`) still holds; results
   are taken in the call's order, so no byte depends on the thread count.
 
 A bad image (not an image, truncated or corrupt, zero bytes, more pixels than
@@ -71,6 +72,7 @@ class PlannedDoc:
 
 # A document's images decoded and hashed, in order, or the first bad one's error.
 Decoded = list[tuple[ImagePatches, bytes]] | ImageError
+MAX_DOCS_PER_TASK = 8  # documents a pool task decodes, one after another
 
 
 class ImageWork:
@@ -90,27 +92,44 @@ class ImageWork:
         self.ids: ImageTokenIds = image_token_ids(spec, tok.tokenizer.token_to_id, tok.vocab_size)
         self._head = [tok.bos_id] if tok.add_bos else []
         self._pool = ThreadPoolExecutor(decoders, "zephon-decode") if decoders > 1 else None
-        self._started: dict[int, tuple[PlannedDoc, Future[Decoded]]] = {}  # by id of the doc
+        self._decoders = decoders
+        # by id of the doc: (doc, its task, its place in the task's documents)
+        self._started: dict[int, tuple[PlannedDoc, Future[list[Decoded]], int]] = {}
 
     def start(self, values: list[Any]) -> None:
         """Start decoding a planned call's documents in the pool now: their bytes
         are reserved from the moment the call is planned, and the pool then never
         idles while the call before this one finishes its slowest document."""
-        if self._pool is not None:
-            for v in values:
-                if _decodable(v):
-                    self._started[id(v)] = (v, self._pool.submit(self._decode, v))
+        if self._pool is None:
+            return
+        todo = [v for v in values if _decodable(v)]
+        # A few documents per task, one after another: a task per small document
+        # cost more Python (futures, queue, wake-ups) than decoding it.
+        per_task = max(1, min(MAX_DOCS_PER_TASK, len(todo) // (2 * self._decoders)))
+        for at in range(0, len(todo), per_task):
+            chunk = todo[at : at + per_task]
+            future = self._pool.submit(self._decode_all, chunk)
+            for k, v in enumerate(chunk):
+                self._started[id(v)] = (v, future, k)
 
-    def forget(self) -> None:
-        """Drop decodes started for calls that will not run (a reset)."""
-        self._started.clear()
+    def forget(self, values: list[Any]) -> None:
+        """Drop the decodes started for a call that will not run (a reset): their
+        tasks are cancelled unless already running. A call's documents share no
+        task with another call's (`start` is per call)."""
+        for v in values:
+            started = self._started.pop(id(v), None)
+            if started is not None and started[0] is v:
+                started[1].cancel()
 
-    def _take_started(self, v: PlannedDoc) -> Future[Decoded]:
+    def _take_started(self, v: PlannedDoc) -> Decoded:
         assert self._pool is not None
         started = self._started.pop(id(v), None)
         if started is not None and started[0] is v:
-            return started[1]
-        return self._pool.submit(self._decode, v)
+            return started[1].result()[started[2]]
+        return self._pool.submit(self._decode, v).result()
+
+    def _decode_all(self, docs: list[PlannedDoc]) -> list[Decoded]:
+        return [self._decode(v) for v in docs]
 
     def close(self) -> None:
         self._started.clear()
@@ -158,8 +177,7 @@ class ImageWork:
         seg_ids = iter([e.ids for e in encode_raw(segments, self.tok)] if segments else [])
         todo = [v for v in values if _decodable(v)]
         if self._pool is not None:
-            futures = [self._take_started(v) for v in todo]
-            decoded = iter([f.result() for f in futures])
+            decoded = iter([self._take_started(v) for v in todo])
         else:
             decoded = iter([self._decode(v) for v in todo])
         out: list[np.ndarray] = []
