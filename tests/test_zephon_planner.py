@@ -14,7 +14,9 @@ import numpy as np
 
 from zephon.feeds import Feed, FeedStart, Slot
 from zephon.lane_docs import BlockPart, LaneDocs, PlanLaneDocs
-from zephon.planner import NeedPlanner, UniformSteps
+from zephon.packing import held_rows
+from zephon.phases import NEVER, Phase, Segment, SegmentSteps
+from zephon.planner import NeedPlanner, StepMap, UniformSteps
 from zephon.shuffle import SourcePlan
 
 STEP = 10  # tokens one lane gives per step
@@ -48,10 +50,14 @@ READER = SimpleNamespace(
 
 
 def planner_with(
-    offsets: list[int], budget: int, weights: tuple[float, ...] = (1.0,), retired: bool = False
+    offsets: list[int],
+    budget: int,
+    weights: tuple[float, ...] = (1.0,),
+    retired: bool = False,
+    steps: StepMap | None = None,
 ) -> NeedPlanner:
     """A planner with one lane per offset, each with one feed per weight."""
-    planner = NeedPlanner(budget, UniformSteps(STEP))
+    planner = NeedPlanner(budget, steps or UniformSteps(STEP))
     for lane, offset in enumerate(offsets):
         ld = planner.add_lane(lane, [0] * len(weights), offset, list(weights), "tokens")
         for k in range(len(weights)):
@@ -148,6 +154,28 @@ def test_before_the_first_batch_only_the_exact_next_documents():
     assert planned(planner) == []
     planner.floor = 1
     assert [(s.feed.source, s.doc_id) for s in planner.plan().call] == [(1, 0)]
+
+
+def test_before_the_first_batch_best_fit_plans_every_lane_its_open_bins_need():
+    """best_fit emits a row only when a bin closes, so a lane's first rows need
+    the documents its open bins hold too: each lane's exact next document within
+    that many rows is planned at once, not one lane after another as each waits.
+    Rows of 10 tokens, one per lane per step (a step is 10 tokens, as above)."""
+    phase = Phase(None, 0, None, 4, 9, 4, (1.0,), ("s",))
+    segment = Segment(0, (phase,))
+    offsets = [0, 15, 25, 35]  # lanes whose next document starts at steps 0, 1, 2, 3
+    assert held_rows("concat", 8) == 0 and held_rows("best_fit", 2) == 2
+    for held, lanes in ((0, [0]), (2, [0, 1, 2])):
+        steps = SegmentSteps(segment, held_rows=held)
+        planner = planner_with(offsets, budget=10_000, steps=steps)
+        read_all(planner, 4)
+        # One document per lane (its exact next pick), for the lanes whose open
+        # bins reach back to step 0: offsets 15 and 25 are within 2 rows of it.
+        assert planned(planner) == [(lane, 0) for lane in lanes], held
+    # Past the segment's end no step needs a document, held rows or not.
+    ends = Segment(0, (Phase(None, 0, 3, 4, 9, 4, (1.0,), ("s",)),))
+    assert SegmentSteps(ends, held_rows=2).step_of(30) == NEVER
+    assert SegmentSteps(ends, held_rows=2).step_of(29) == 0
 
 
 def test_a_paused_source_is_not_planned_unless_a_lane_waits_on_it():

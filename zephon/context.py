@@ -21,8 +21,9 @@ import numpy as np
 from zephon.deal import Record, build_lane_docs
 from zephon.errors import LayoutError
 from zephon.lane_docs import LaneDocs, PlanLaneDocs
+from zephon.packing import held_rows
+from zephon.phases import Segment, SegmentSteps
 from zephon.pieces import encode_documents
-from zephon.planner import StepMap
 from zephon.recipe import Recipe
 from zephon.scheduler import DemandScheduler
 from zephon.shuffle import SourcePlan
@@ -62,6 +63,10 @@ class PipelineContext:
             )
         return self._plans[key]
 
+    def step_map(self, segment: Segment) -> SegmentSteps:
+        """The need planner's step map over `segment` for this recipe's packer."""
+        return step_map(self.recipe, segment)
+
     def set_deals(self, deals: dict[str, list[Record]]) -> None:
         self.deals = {k: v for k, v in deals.items() if v}
         self._dealt = {}
@@ -99,6 +104,13 @@ class PipelineContext:
         return ids
 
 
+def step_map(recipe: Recipe, segment: Segment) -> SegmentSteps:
+    """Which step needs a lane's stream at an offset of `segment`, for the recipe's
+    packer (best_fit needs a document its open bins' rows earlier)."""
+    packing = recipe.packing
+    return SegmentSteps(segment, held_rows(packing.algorithm, packing.open_bins))
+
+
 def open_sources(recipe: Recipe, cache_dir: str | None) -> tuple[list[Any], list[SourcePlan]]:
     """Every source's reader (under the bad-records policy) and shuffle plan."""
     readers = [with_policy(SourceReader(s, cache_dir), recipe.bad_records) for s in recipe.sources]
@@ -126,12 +138,13 @@ def build_context(
     tok: TokenizerInfo,
     workers: int,
     budgets: tuple[int, int],
-    steps: StepMap,
+    first: Segment,
     profile: StageProfile | None = None,
 ) -> PipelineContext:
     """The lanes' shared context and its scheduler, with `budgets` (tokens, image
-    bytes) of lookahead; the image work only when a source has images; `profile`:
-    where the threads charge their CPU by stage (None: not profiled)."""
+    bytes) of lookahead, planning for segment `first`; the image work only when a
+    source has images; `profile`: where the threads charge their CPU by stage
+    (None: not profiled)."""
     images = None
     if any(s.multimodal for s in recipe.sources):
         from zephon.images.work import ImageWork  # Pillow only where images are read
@@ -140,7 +153,7 @@ def build_context(
     tokens, image_bytes = budgets
     unit = recipe.mixture.unit
     scheduler = DemandScheduler(
-        tok, workers, tokens, steps, unit,
+        tok, workers, tokens, step_map(recipe, first), unit,
         budget_bytes=image_bytes, images=images, profile=profile,
     )  # fmt: skip
     return PipelineContext(recipe, readers, plans, tok, scheduler, images=images)

@@ -28,7 +28,7 @@ from zephon.errors import StateError
 from zephon.flush_log import FlushLog, FlushPoint
 from zephon.lane import LaneStream, initial_snapshot
 from zephon.layout import Layout
-from zephon.phases import MicroBatch, Phase, Segment, SegmentSteps, resolve_schedule
+from zephon.phases import MicroBatch, Phase, Segment, resolve_schedule
 from zephon.planner import DEFAULT_LOOKAHEAD_BYTES, DOC_COUNTS, TOKEN_COUNTS
 from zephon.production import BOUNDARY, END, BatchProducer
 from zephon.rank_schedule import RankSchedule
@@ -118,7 +118,7 @@ class ZephonLoader:
         self.profile = StageProfile() if profile else None  # kept after close, for a last look
         self.ctx = build_context(
             self.recipe, readers, plans, self.tok, self.num_workers,
-            (self.lookahead_tokens, self.lookahead_bytes), SegmentSteps(first), self.profile,
+            (self.lookahead_tokens, self.lookahead_bytes), first, self.profile,
         )  # fmt: skip
         self._scheduler: DemandScheduler | None = self.ctx.scheduler
         self.source_names = tuple(s.name for s in self.recipe.sources)
@@ -183,7 +183,7 @@ class ZephonLoader:
         self.lane_ids = sorted(points)
         self._flushes = FlushLog({lane: flush for lane, (flush, _) in points.items()})
         assert self._scheduler is not None
-        self._scheduler.reset(SegmentSteps(segment))
+        self._scheduler.reset(self.ctx.step_map(segment))
         self._producer = BatchProducer(
             self.ctx,
             self.schedule,

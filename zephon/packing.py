@@ -58,6 +58,16 @@ from zephon.images.documents import ImageDocIds, block_cut, image_chunks, origin
 # A piece of a row: (token ids, source index, whether the piece starts its
 # document). Packers build them; rows count tokens and documents by source.
 Piece = tuple[np.ndarray, int, bool]
+
+
+def held_rows(algorithm: str, open_bins: int) -> int:
+    """Rows' worth of tokens a lane's packer may hold before emitting them: a
+    document is needed that many rows before its offset in the lane's stream
+    (phases.SegmentSteps). `concat` emits each row as it fills; `best_fit`
+    keeps up to `open_bins` bins open."""
+    return open_bins if algorithm == "best_fit" else 0
+
+
 # A document whose rest a lane emits before its first pick: (source, document
 # index, tokens already emitted); with its ids once fetched (CarriedDoc).
 Carry = tuple[int, int, int]

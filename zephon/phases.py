@@ -145,9 +145,16 @@ class SegmentSteps:
     """The need planner's StepMap over one segment: which batch (counted from 0)
     needs a lane's stream at a token offset from the segment's start. Offsets
     past the segment's end belong to no batch of it (NEVER): lookahead stops at
-    the boundary."""
+    the boundary.
+
+    held_rows: rows' worth of tokens a lane's packer may hold before it emits
+    any of them (packing.held_rows: best_fit's open bins). A document is needed
+    that much before its offset, so before the first batch every lane's next
+    document that the first rows need is planned at once, not one lane after
+    another as each waits (the order of work only, never a byte)."""
 
     segment: Segment
+    held_rows: int = 0
 
     @cached_property
     def _spans(self) -> tuple[tuple[int | None, int, int], ...]:
@@ -159,6 +166,12 @@ class SegmentSteps:
         return tuple(out)
 
     def step_of(self, offset: int) -> int:
+        step = self._step_at(offset)
+        if step == NEVER or not self.held_rows:
+            return step
+        return self._step_at(max(0, offset - self.held_rows * self.segment.row_len))
+
+    def _step_at(self, offset: int) -> int:
         for tokens, start, per_step in self._spans:  # the planner asks once per document
             if tokens is None or offset < tokens:
                 return start + offset // per_step

@@ -10,10 +10,11 @@ work it decides.
   lane's mixer over the documents already tokenized (`LaneDemand.simulate`),
   which gives the exact next document the lane will pick and the token
   offset in the lane's stream where it starts, hence the step that needs it
-  (`StepMap.step_of`). Only those exact documents are tokenized (nothing
+  (`StepMap.step_of`, which counts the rows the lane's packer holds back:
+  best_fit's open bins). Only those exact documents are tokenized (nothing
   speculative), served in the order (step, lane), so start-up and restore
   work is the rows they need, plus the one document per lane that straddles
-  the end.
+  the end (and, for best_fit, what its open bins hold).
 - Lookahead, after it. Replaying the mixer would cost as much per document as
   the lane's own mixing, so each feed's next document is placed by estimate:
   the lane offset at which the source's share of what the lane has taken

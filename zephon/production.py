@@ -36,7 +36,7 @@ from zephon.errors import StateError
 from zephon.flush_log import FlushPoint
 from zephon.images.assembly import BatchImages
 from zephon.lane import LaneStream
-from zephon.phases import Schedule, Segment, SegmentSteps
+from zephon.phases import Schedule, Segment
 from zephon.planner import DOC_COUNTS, TOKEN_COUNTS
 from zephon.stage_profile import ASSEMBLE, NULL_CLOCK, OTHER, PACK, Clock, current
 
@@ -169,9 +169,9 @@ class BatchProducer:
         # The same lanes keep their feeds and what those hold; new lanes start over.
         same = {lane.lane: lane for lane in self.lanes} if after.lanes == before.lanes else {}
         if same:
-            scheduler.set_steps(SegmentSteps(after))
+            scheduler.set_steps(self.ctx.step_map(after))
         else:
-            scheduler.reset(SegmentSteps(after), keep_stats=True)
+            scheduler.reset(self.ctx.step_map(after), keep_stats=True)
         scheduler.set_floor(self.produced_step)
         self.ctx.set_deals(deals)
         self.segment = after
