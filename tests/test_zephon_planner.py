@@ -173,9 +173,26 @@ def test_before_the_first_batch_best_fit_plans_every_lane_its_open_bins_need():
         # bins reach back to step 0: offsets 15 and 25 are within 2 rows of it.
         assert planned(planner) == [(lane, 0) for lane in lanes], held
     # Past the segment's end no step needs a document, held rows or not.
-    ends = Segment(0, (Phase(None, 0, 3, 4, 9, 4, (1.0,), ("s",)),))
-    assert SegmentSteps(ends, held_rows=2).step_of(30) == NEVER
-    assert SegmentSteps(ends, held_rows=2).step_of(29) == 0
+    ends = SegmentSteps(Segment(0, (Phase(None, 0, 3, 4, 9, 4, (1.0,), ("s",)),)), held_rows=2)
+    assert ends.need_step(30) == ends.step_of(30) == NEVER
+    assert (ends.need_step(29), ends.step_of(29)) == (0, 2)
+
+
+def test_once_warm_only_the_rows_of_the_step_being_produced_ignore_the_budget():
+    """What a packer needs early (best_fit's open bins) is planned first, but it
+    waits for the budget like any lookahead: only the documents of the step
+    being produced's own rows are never held back, so the byte and token
+    budgets still bound what is queued."""
+    phase = Phase(None, 0, None, 4, 9, 4, (1.0,), ("s",))
+    planner = planner_with([0], budget=5, steps=SegmentSteps(Segment(0, (phase,)), held_rows=2))
+    read_all(planner, 6)
+    planner.warm = True
+    # Documents at offsets 0, 10, 20 are all needed by step 0 (two rows held),
+    # but only the first lies in step 0's rows; the budget (5 tokens) holds the rest.
+    assert planned(planner) == [(0, 0)]
+    assert planner.plan().call == []
+    planner.floor = 1  # step 1's rows: the document at offset 10
+    assert planned(planner) == [(0, 1)]
 
 
 def test_a_paused_source_is_not_planned_unless_a_lane_waits_on_it():

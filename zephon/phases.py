@@ -148,10 +148,8 @@ class SegmentSteps:
     the boundary.
 
     held_rows: rows' worth of tokens a lane's packer may hold before it emits
-    any of them (packing.held_rows: best_fit's open bins). A document is needed
-    that much before its offset, so before the first batch every lane's next
-    document that the first rows need is planned at once, not one lane after
-    another as each waits (the order of work only, never a byte)."""
+    any of them (packing.held_rows: best_fit's open bins), so its lane needs a
+    document that much before the rows that hold it (`need_step`)."""
 
     segment: Segment
     held_rows: int = 0
@@ -165,13 +163,16 @@ class SegmentSteps:
             out.append((None if n is None else n * per_step, p.start_step, per_step))
         return tuple(out)
 
-    def step_of(self, offset: int) -> int:
-        step = self._step_at(offset)
+    def need_step(self, offset: int) -> int:
+        """The step whose production first needs the document at `offset`: the
+        step of the rows `held_rows` before it (NEVER past the segment's end)."""
+        step = self.step_of(offset)
         if step == NEVER or not self.held_rows:
             return step
-        return self._step_at(max(0, offset - self.held_rows * self.segment.row_len))
+        return self.step_of(max(0, offset - self.held_rows * self.segment.row_len))
 
-    def _step_at(self, offset: int) -> int:
+    def step_of(self, offset: int) -> int:
+        """The step whose rows hold `offset`."""
         for tokens, start, per_step in self._spans:  # the planner asks once per document
             if tokens is None or offset < tokens:
                 return start + offset // per_step

@@ -59,9 +59,15 @@ TOKEN_COUNTS = ("tokens_tokenized", "tokens_pretokenized", "image_tokens")
 
 
 class StepMap(Protocol):
-    """Which step needs a lane's stream at a token offset, and how much one step takes."""
+    """Which step needs a lane's stream at a token offset, and how much one step takes.
+
+    step_of: the step whose rows hold the offset (what the budget never holds
+    back); need_step: the step whose production first needs the document there,
+    earlier when the lane's packer holds rows back (best_fit's open bins)."""
 
     def step_of(self, offset: int) -> int: ...
+
+    def need_step(self, offset: int) -> int: ...
 
     def lane_tokens(self, step: int) -> int: ...
 
@@ -74,6 +80,9 @@ class UniformSteps:
 
     def step_of(self, offset: int) -> int:
         return offset // self.tokens_per_step
+
+    def need_step(self, offset: int) -> int:
+        return self.step_of(offset)
 
     def lane_tokens(self, step: int) -> int:
         return self.tokens_per_step
@@ -315,7 +324,7 @@ class NeedPlanner:
         est_total, needed, held_back, cached = 0, False, False, False
         self.bytes.call = 0
         while heap and len(call) < self.max_docs and est_total < self.call_tokens:
-            step, _, _, _, f = heapq.heappop(heap)
+            step, _, offset, _, f = heapq.heappop(heap)
             if f.sched >= len(f.slots):
                 f.reading = True
                 reads.append((f, f.advance(read_size)))
@@ -337,12 +346,17 @@ class NeedPlanner:
                 est, nbytes = max(1, int(len(slot.text) * self.tokens_per_char)) + 1, 0
             else:  # exact image tokens, and the bytes to reserve (images/work.py)
                 est, nbytes = slot.text.cost(self.tokens_per_char)
-            must = step <= self.floor
+            # The step being produced is never held back: its rows' documents. Those
+            # a packer needs earlier (need_step) wait for the budget once warm, or
+            # for their lane to ask for them.
+            must = step <= self.floor and (
+                not self.warm or self.steps.step_of(offset) <= self.floor
+            )
             if not must and (
                 self.used + est > self.budget or (nbytes and not self.bytes.admits(nbytes))
             ):
                 held_back = True
-                break  # later entries are later steps: the budget holds them all back
+                continue  # a later entry may still be a row of the step being produced
             needed = needed or must
             f.sched += 1
             f.sched_tokens += est
@@ -383,7 +397,7 @@ class NeedPlanner:
             # would cost as much per document as the lane's own mixing, and a lane
             # that does need a document first waits on it and is served above.
             est = ld.estimate(k, f, self.stats)
-            step = self.steps.step_of(est)
+            step = self.steps.need_step(est)
             if step > self.floor + self.horizon:
                 # Too far ahead: without this, a feed whose partner is still being
                 # read would take the whole budget for steps nobody needs yet.
@@ -392,7 +406,7 @@ class NeedPlanner:
         if not (ld.frontier == k and ld.sim_idx[k] == f.sched):
             return None  # before the first batch only the exact next documents
         est = ld.sim_offset
-        step = self.steps.step_of(est)
+        step = self.steps.need_step(est)
         if step > self.floor:
             return None
         return (step, ld.order, est, next(self._seq), f)
