@@ -37,6 +37,7 @@ CHARGES = {
     "pack": 10**2,  # RowBuilder.build, per row
     "assemble": 10**4,  # the digest of a lane's rows
     "image": 10**11,  # decoding one image
+    "header": 10**13,  # one image's header plan, when read: image work too
 }
 
 
@@ -79,7 +80,7 @@ def test_each_stage_is_charged_with_its_own_work(make_recipe, tokenizer_path, mo
     assert ld.profile is not None
     snap = ld.profile.snapshot()
 
-    text = [s for s in CHARGES if s != "image"]  # a text recipe: no image stage
+    text = [s for s in CHARGES if s not in ("image", "header")]  # a text recipe: no images
     assert all(cpu.calls[s] > 0 for s in text), cpu.calls
     charged = dict(snap["cpu_ns"])
     charged["tokenize"] -= snap["native_tokenize_ns"]  # the native pool's real CPU, read apart
@@ -132,8 +133,9 @@ def test_breakdown_adds_up_to_the_process_cpu(make_recipe, tokenizer_path, worke
 def test_image_decoding_is_charged_to_image_and_text_never_enters_it(
     make_recipe, tokenizer_path, tmp_path, monkeypatch
 ):
-    """Decoding images is the image stage's, only there; a text-only run never
-    enters it; and the profile changes no byte of a batch with images."""
+    """Decoding images is the image stage's, only there, and so are the header
+    plans made when a document is read (not the read stage's); a text-only run
+    never enters it; and the profile changes no byte of a batch with images."""
     ensure_sample_data()
     monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "cache"))
     path = tmp_path / "img.toml"
@@ -147,14 +149,17 @@ def test_image_decoding_is_charged_to_image_and_text_never_enters_it(
     cpu = FakeCPU()
     monkeypatch.setattr(stage_profile, "_thread_cpu_ns", cpu.now)
     monkeypatch.setattr(work, "prepare_image", cpu.wrap("image", work.prepare_image))
+    monkeypatch.setattr(work, "plan_image", cpu.wrap("header", work.plan_image))
     runs = {}
     for on in (False, True):
         cpu.calls.clear()
         with ZephonLoader(path, tokenizer_path, 96, 8, num_workers=2, profile=on) as ld:
             runs[on] = step_digests([ld], 4)
     snap = ld.profile.snapshot()
-    assert cpu.calls["image"] > 0
-    assert snap["cpu_ns"]["image"] == cpu.calls["image"] * CHARGES["image"]
+    assert cpu.calls["image"] > 0 and cpu.calls["header"] >= cpu.calls["image"]
+    images = cpu.calls["image"] * CHARGES["image"] + cpu.calls["header"] * CHARGES["header"]
+    assert snap["cpu_ns"]["image"] == images
+    assert snap["cpu_ns"]["read"] == 0  # nothing charged to reading here
     assert runs[True] == runs[False]
 
     with ZephonLoader(make_recipe(workers=2), tokenizer_path, 64, 16, profile=True) as ld:

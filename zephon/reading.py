@@ -13,6 +13,7 @@ from typing import Any
 from zephon.feeds import Feed, Slot
 from zephon.lane_docs import BlockPart
 from zephon.sources import SourceReader
+from zephon.stage_profile import IMAGE, current
 from zephon.tokenize import TokenizerInfo, check_token_ids
 
 
@@ -53,7 +54,12 @@ def read_slots(
                 slots += [Slot(None, ids, d, f) for ids, d in zip(framed, doc_ids, strict=True)]
             else:
                 if f.images is not None:  # headers read here, pixels when tokenized
-                    values = [f.images.plan(v) for v in values]
+                    clock = current()  # header plans are image work, not reading
+                    left = clock.switch(IMAGE)
+                    try:
+                        values = [f.images.plan(v) for v in values]
+                    finally:
+                        clock.switch(left)
                 slots += [Slot(v, None, d, f) for v, d in zip(values, doc_ids, strict=True)]
     except BaseException as exc:
         return slots, exc

@@ -36,7 +36,7 @@ STAGES = (
     "plan",  # the need planner and its bookkeeping
     "tokenize",  # inside the native call, its thread pool included
     "convert",  # encodings -> int32 id arrays
-    "image",  # calls with image documents: decoding, patches, framing (not the native pool)
+    "image",  # header plans when read; decoding, patches, framing (not the native pool)
     "pack",  # mixing and packing, lane by lane
     "assemble",  # batch arrays, tensors, digests
     "other",  # pipeline threads outside any stage: locks, loops, hand-offs
