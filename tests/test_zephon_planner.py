@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from zephon.feeds import Feed, FeedStart, Slot
+from zephon.images.budget import ImageBytes
 from zephon.lane_docs import BlockPart, LaneDocs, PlanLaneDocs
 from zephon.packing import held_rows
 from zephon.phases import NEVER, Phase, Segment, SegmentSteps
@@ -230,3 +231,24 @@ def test_the_end_of_epoch_rule():
     assert ListDocs(5, repeat=False).position(0, 4) == (0, 4)
     assert ListDocs(8, block=4, repeat=True).next_block(0, 1) == (1, 0)
     assert ListDocs(8, block=4, repeat=False).next_block(0, 1) is None
+
+
+def test_image_bytes_hold_patches_and_as_many_decode_peaks_as_decode_at_once():
+    """Two decoders: the budget holds every queued document's patches and the two
+    largest decode peaks among them (not all five); a decoded document frees its
+    peak and keeps its patches; taken, it holds nothing."""
+    budget = ImageBytes(115, decoders=2)
+    slots = [Slot(None, None, k, None) for k in range(5)]  # type: ignore[arg-type]
+    for slot, peak in zip(slots, (10, 50, 30, 20, 40), strict=True):
+        assert budget.admits(1, peak)
+        budget.reserve(slot, 1, peak)
+    assert budget.used == 5 + 50 + 40
+    assert budget.admits(15, 45) and not budget.admits(16, 45)  # 5 + 15 + 50 + 45 = 115
+    assert not budget.admits(1, 200)  # a peak alone over the budget
+    budget.release(slots[1])  # unqueued: its patch and its peak (the largest) go
+    assert budget.used == 4 + 40 + 30
+    slots[4].ids = np.zeros(3, dtype=np.int32)  # decoded (a stand-in holding no images)
+    budget.stored(slots[4], SimpleNamespace(image_docs=0, image_tokens=0, images_decoded=0))
+    assert budget.used == 3 + 30 + 20 and budget.peak == 95
+    budget.reset()
+    assert budget.used == 0

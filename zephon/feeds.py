@@ -31,13 +31,14 @@ if TYPE_CHECKING:
 
 class Slot:
     """One document of a feed: text read (ids None), queued (both None) or tokenized.
-    nbytes: image bytes it holds in the lookahead (reserved while queued)."""
+    nbytes: image bytes it holds in the lookahead (its patches, reserved while
+    queued); peak: its decode peak while queued (images/budget.py)."""
 
-    __slots__ = ("text", "ids", "doc_id", "est", "feed", "nbytes")
+    __slots__ = ("text", "ids", "doc_id", "est", "feed", "nbytes", "peak")
 
     def __init__(self, text: Any, ids: np.ndarray | None, doc_id: int, feed: Feed):
         self.text, self.ids, self.doc_id, self.est, self.feed = text, ids, doc_id, 0, feed
-        self.nbytes = 0
+        self.nbytes = self.peak = 0
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,10 @@ work it decides.
   covers what the source has given plus what it holds queued. Documents are
   planned in that order, at most `horizon` steps past the one being
   produced, while tokenized-but-unconsumed tokens stay within one budget for
-  the rank. A lane that waits on a document is served first, and the step
-  being produced (`floor`) is never held back by the budget. A source whose
-  share in a lane is 0 is paused there: it is not planned unless the lane
-  waits on it.
+  the rank. A lane that waits on a document is served first, and the rows of
+  the step being produced (`floor`) are never held back by the budget. A
+  source whose share in a lane is 0 is paused there: it is not planned
+  unless the lane waits on it.
 - Reading runs ahead of tokenizing: a feed reads its next documents (across
   shuffle blocks) when half of what it read is queued.
 - Documents of sources with images count their image tokens exactly (known
@@ -141,6 +141,7 @@ class NeedPlanner:
         max_docs: documents per tokenizer call, at most.
         cache: ids of long documents, served instead of tokenizing them again.
         budget_bytes: lookahead budget of image bytes (images/budget.py).
+        decoders: documents of sources with images decoded at once.
     """
 
     def __init__(
@@ -150,9 +151,10 @@ class NeedPlanner:
         max_docs: int = 1024,
         cache: LongDocCache | None = None,
         budget_bytes: int = DEFAULT_LOOKAHEAD_BYTES,
+        decoders: int = 1,
     ):
         self.budget, self.steps, self.max_docs = max(budget_tokens, 1), steps, max_docs
-        self.bytes = ImageBytes(budget_bytes)
+        self.bytes = ImageBytes(budget_bytes, decoders)
         # One call takes at most this many (estimated) tokens: a third of the
         # budget, so that one call in flight, one queued behind it and the ids
         # of the last one still being taken fit in the budget together.
@@ -202,7 +204,8 @@ class NeedPlanner:
             for f in ld.feeds:
                 f.dead = True
         self.lanes, self.waiting = [], set()
-        self.used, self.warm, self.floor, self.bytes.used = 0, False, 0, 0
+        self.used, self.warm, self.floor = 0, False, 0
+        self.bytes.reset()
         if not keep_stats:
             self.stats = SchedulerStats()
 
@@ -343,9 +346,9 @@ class NeedPlanner:
                         heapq.heappush(heap, entry)
                 continue
             if f.images is None:
-                est, nbytes = max(1, int(len(slot.text) * self.tokens_per_char)) + 1, 0
+                est, nbytes, peak = max(1, int(len(slot.text) * self.tokens_per_char)) + 1, 0, 0
             else:  # exact image tokens, and the bytes to reserve (images/work.py)
-                est, nbytes = slot.text.cost(self.tokens_per_char)
+                est, nbytes, peak = slot.text.cost(self.tokens_per_char)
             # The step being produced is never held back: its rows' documents. Those
             # a packer needs earlier (need_step) wait for the budget once warm, or
             # for their lane to ask for them.
@@ -353,7 +356,7 @@ class NeedPlanner:
                 not self.warm or self.steps.step_of(offset) <= self.floor
             )
             if not must and (
-                self.used + est > self.budget or (nbytes and not self.bytes.admits(nbytes))
+                self.used + est > self.budget or (nbytes and not self.bytes.admits(nbytes, peak))
             ):
                 held_back = True
                 continue  # a later entry may still be a row of the step being produced
@@ -363,7 +366,7 @@ class NeedPlanner:
             slot.est = est
             self.used += est
             if nbytes:  # text carries no image bytes
-                self.bytes.reserve(slot, nbytes)
+                self.bytes.reserve(slot, nbytes, peak)
             est_total += est
             call.append(slot)
             if self.warm:  # the feed's next document, now further ahead

@@ -118,7 +118,9 @@ class DemandScheduler:
         profile: StageProfile | None = None,
     ):
         self.tok, self.unit, self.images, self.profile = tok, unit, images, profile
-        self.planner = NeedPlanner(budget_tokens, steps, max_docs, budget_bytes=budget_bytes)
+        self.planner = NeedPlanner(
+            budget_tokens, steps, max_docs, budget_bytes=budget_bytes, decoders=max(workers, 1)
+        )
         # One lock, three conditions: lanes wait on `cond` for documents, the
         # planning thread on `wake` for something to do, the tokenizer thread on
         # `queued` for a call. Waking only the side that can proceed keeps the

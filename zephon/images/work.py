@@ -63,11 +63,12 @@ class PlannedDoc:
     patch_bytes: int
     peak_bytes: int  # the largest decode peak: images are decoded one at a time
 
-    def cost(self, tokens_per_char: float) -> tuple[int, int]:
-        """(tokens, bytes) to reserve for it: its image tokens exactly and its text by
-        estimate (with EOS); its patches plus one decode peak."""
+    def cost(self, tokens_per_char: float) -> tuple[int, int, int]:
+        """(tokens, patch bytes, decode peak) to reserve for it: its image tokens
+        exactly and its text by estimate (with EOS); its patches; the largest
+        decode peak of its images (decoded one at a time)."""
         tokens = int(self.text_chars * tokens_per_char) + self.image_tokens + 1
-        return tokens, self.patch_bytes + self.peak_bytes
+        return tokens, self.patch_bytes, self.peak_bytes
 
 
 # A document's images decoded and hashed, in order, or the first bad one's error.
