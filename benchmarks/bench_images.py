@@ -1,23 +1,41 @@
 """Benchmark of the image pipeline: Zephon against the raw image work and the conventional path.
 
-On a generated image-caption corpus (WebDataset shards written by the sample
-generator, scripts/sample_images.py: JPEG and PNG, 64 to 256 pixels a side,
-`--images` of them), side by side in one run, alternated for `--rounds`:
+Two generated image-caption corpora (WebDataset shards written by the sample
+generator, scripts/sample_images.py: JPEG and PNG scenes with captions),
+each with image settings of its own (`CORPORA`):
 
-a. pipeline: `ZephonLoader` over a captions recipe (8 lanes, best_fit, seq_len
-   256, 32 rows a step, `--workers` workers, `on_exhausted = "repeat"`), from
-   construction until the corpus runs out, in a fresh child process each
-   round; images/s and tokens/s delivered (non-padding input tokens of the
-   rows). The child also reports its RSS high-water against its RSS before
-   the loader started, and the loader's own count of the image bytes it held
-   ahead (`lookahead_peak_bytes`) against the budget (`lookahead_bytes`), for
-   the default budget and for a tight one (`--tight-budget-mib`);
+- web: scenes of 192 to 768 pixels a side, the sizes of web image-caption
+  data, with Qwen2-VL-like settings (patch 14, merge 2, at most 200,704
+  pixels = 256 placeholders an image), rows of 1,024 tokens;
+- thumbnails: the sample data's 64 to 256 pixels a side (patch 8, merge 2,
+  at most 16,384 pixels), rows of 256 tokens. Each image is a fraction of a
+  millisecond of work, so this one prices the loader's own Python per image.
+
+For each, side by side in one run, alternated for `--rounds`:
+
+a. pipeline: `ZephonLoader` over a captions recipe (8 lanes, best_fit, 32 rows
+   a step, `--workers` workers, `on_exhausted = "repeat"`), from construction
+   until it delivered `--epochs` times as many images as the corpus holds, in a
+   fresh child process each round; images/s and tokens/s delivered
+   (non-padding input tokens of the rows), start to end and sustained: from
+   the step by which a fifth of the images were delivered to the end, when the
+   first batch (best_fit needs every lane's open bins filled before its first
+   rows), the lookahead and the prefetched batches are long behind. Both ends
+   of that window have the same work in flight (lookahead and prefetch), so
+   neither flatters it. The child also reports its RSS high-water against its
+   RSS before the loader started, and the loader's own count of the image
+   bytes it held ahead (`lookahead_peak_bytes`) against the budget
+   (`lookahead_bytes`), for the default budget and for a tight one
+   (`--tight-budget-mib`);
 b. raw: the same images' bytes, held in memory, through the exact functions
    the loader's workers call per image (zephon/images/work.py: `plan_image`
    when read, `prepare_image` = decode + resize + patchify, and `image_digest`,
    the pixel hash of the batch digest) in a thread pool of `--workers` threads;
-   and once more without `image_digest`, which prices the hash. The ratio a/b
-   is of images/s.
+   once more without `image_digest`, which prices the hash, and once on one
+   thread. (b) runs right before and right after each (a), and each round's
+   ratio a/b is of images/s against the mean of the two: this machine's speed
+   drifts by up to a quarter within minutes, which one (b) per round would
+   put into the ratio. The page gives the medians over rounds.
 c. conventional: `webdataset.WebDataset` over the same shards in
    `torch.utils.data.DataLoader` worker processes (`--workers` of them, shards
    split between them), each sample through the same `prepare_image` and the
@@ -25,14 +43,21 @@ c. conventional: `webdataset.WebDataset` over the same shards in
    document goes into the current row if it fits, else the row is padded and
    the next one starts); images/s and tokens/s.
 
+Then one more run of (a) with the stage profile on (`ZephonLoader(profile=True)`,
+zephon/stage_profile.py): its thread CPU per delivered image, split into the
+image work its workers do, which (b) does too (header plans when read; decode,
+resize, patches and pixel hash in the pool), and the pipeline's own (tar
+member reads, the captions' tokenizer calls, framing, planning, packing,
+assembling, hand-offs). On two cores that split is what sets the ratio a/b.
+
 Where the pixel hash is paid: the thread that decoded the image hashes it
 (`ImageWork._decode`, in the decode pool when workers >= 2), so it is part of
 (a)'s parallel work and of (b)'s first figure.
 
 Writes the raw results (`--json`, default docs/results/bench_images.json),
 the table beside it (.md) and, for the committed results, the README figures
-between its `bench_images` markers. `--quick` runs in seconds (a small corpus,
-one round); the default takes a few minutes.
+between its `bench_images` markers. `--quick` runs in seconds (small corpora,
+one round, one epoch); the default takes about a quarter of an hour.
 
     .venv/bin/python benchmarks/bench_images.py [--quick] [--json PATH]
     .venv/bin/python benchmarks/bench_images.py --render docs/results/bench_images.json
@@ -51,6 +76,7 @@ import sys
 import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,15 +91,53 @@ TOKENIZER = REPO / "assets" / "tokenizer" / "tokenizer.json"
 RESULTS = REPO / "docs" / "results" / "bench_images.json"
 SEED = 31_337
 PER_SHARD = 250
-SEQ_LEN, GLOBAL_BATCH = 256, 32
+GLOBAL_BATCH, LANES = 32, 8
 IMAGE_EXTS = ("jpg", "png")
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A generated corpus and the image settings and row length it is read with."""
+
+    what: str  # for the page
+    sizes: tuple[tuple[int, int], ...]  # (width, height) of the scenes
+    patch_size: int
+    merge: int
+    min_pixels: int
+    max_pixels: int
+    seq_len: int
+    images: int  # default corpus size
+    quick_images: int
+
+    @property
+    def settings(self) -> str:
+        return (
+            f"patch {self.patch_size}, merge {self.merge}, "
+            f"{self.min_pixels:,}..{self.max_pixels:,} pixels, rows of {self.seq_len:,} tokens"
+        )
+
+
+CORPORA = {
+    "web": Corpus(
+        what="scenes of 192-768 pixels a side (web image-caption sizes)",
+        sizes=tuple((3 * w, 3 * h) for w, h in sample_images.SIZES),
+        patch_size=14, merge=2, min_pixels=3_136, max_pixels=200_704, seq_len=1024,
+        images=6000, quick_images=240,
+    ),
+    "thumbnails": Corpus(
+        what="scenes of 64-256 pixels a side (the sample data's sizes)",
+        sizes=sample_images.SIZES,
+        patch_size=8, merge=2, min_pixels=1_024, max_pixels=16_384, seq_len=256,
+        images=8000, quick_images=240,
+    ),
+}  # fmt: skip
 
 RECIPE = """\
 # Written by benchmarks/bench_images.py.
 [recipe]
 name = "bench-images"
 seed = 5
-lanes = 8
+lanes = {lanes}
 
 [mixture]
 unit = "tokens"
@@ -92,10 +156,10 @@ workers = 2
 prefetch = 2
 
 [image]
-patch_size = 8
-merge = 2
-min_pixels = 1024
-max_pixels = 16384
+patch_size = {patch_size}
+merge = {merge}
+min_pixels = {min_pixels}
+max_pixels = {max_pixels}
 
 [[source]]
 name = "captions"
@@ -104,22 +168,24 @@ format = "webdataset"
 """
 
 
-def build_corpus(folder: Path, images: int) -> Path:
+def build_corpus(folder: Path, corpus: Corpus, images: int) -> Path:
     """Shards of `images` captioned scenes and the recipe over them (kept if present)."""
     recipe = folder / "recipe.toml"
     recipe.parent.mkdir(parents=True, exist_ok=True)
-    recipe.write_text(RECIPE)
-    marker = folder / f"DONE-{images}"
+    recipe.write_text(RECIPE.format(lanes=LANES, **asdict(corpus)))
+    sizes = "x".join(f"{w}-{h}" for w, h in corpus.sizes)
+    marker = folder / f"DONE-{images}-{sizes}"
     if marker.is_file():
         return recipe
     shards = folder / "shards"
     shards.mkdir(parents=True, exist_ok=True)
-    for old in shards.glob("*.tar"):
+    for old in [*shards.glob("*.tar"), *folder.glob("DONE-*")]:
         old.unlink()
     rng = np.random.default_rng(SEED)
     for s, first in enumerate(range(0, images, PER_SHARD)):
         n = min(PER_SHARD, images - first)
-        sample_images.write_shard(shards / f"part-{s:05d}.tar", rng, first, n, "img-")
+        path = shards / f"part-{s:05d}.tar"
+        sample_images.write_shard(path, rng, first, n, "img-", corpus.sizes)
     marker.write_text("")
     return recipe
 
@@ -151,9 +217,11 @@ def rss_bytes() -> int:
 # -- (a) the pipeline, in a child process ---------------------------------------
 
 
-def pipeline_child(recipe: Path, workers: int, budget: int, images_wanted: int) -> dict[str, Any]:
-    """The loader from construction until it delivered `images_wanted` images (one
-    epoch's worth of the corpus); this process does nothing else."""
+def pipeline_child(
+    recipe: Path, seq_len: int, workers: int, budget: int, images_wanted: int, profile: bool
+) -> dict[str, Any]:
+    """The loader from construction until it delivered `images_wanted` images; this
+    process does nothing else. `profile`: with the stage profile (its snapshot kept)."""
     import torch  # noqa: F401  (the batches are torch tensors: a trainer has it loaded)
 
     from zephon import ZephonLoader
@@ -161,12 +229,12 @@ def pipeline_child(recipe: Path, workers: int, budget: int, images_wanted: int) 
     before = rss_bytes()
     cpu0, t0 = time.process_time(), time.perf_counter()
     loader = ZephonLoader(
-        recipe, TOKENIZER, SEQ_LEN, GLOBAL_BATCH, num_workers=workers, prefetch=2,
-        lookahead_bytes=budget,
+        recipe, TOKENIZER, seq_len, GLOBAL_BATCH, num_workers=workers, prefetch=2,
+        lookahead_bytes=budget, profile=profile,
     )  # fmt: skip
     images = tokens = steps = 0
-    first: float | None = None
-    first_images = 0
+    step_s: list[float] = []  # when each step was delivered, from construction
+    step_images: list[int] = []  # images delivered by then
     try:
         while images < images_wanted:
             batch = loader.next_batch()
@@ -174,25 +242,30 @@ def pipeline_child(recipe: Path, workers: int, budget: int, images_wanted: int) 
             if batch.images is not None:
                 images += batch.images.num_images
             tokens += int(batch.source_tokens.sum())  # padding excluded
-            if first is None:
-                first, first_images = time.perf_counter() - t0, images
+            step_s.append(time.perf_counter() - t0)
+            step_images.append(images)
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-        work = loader.stats()["work"]
+        stats = loader.stats()
+        work = stats["work"]
     finally:
         loader.close()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {
         "images": images, "tokens": tokens, "steps": steps, "wall_s": wall, "cpu_s": cpu,
-        "first_batch_s": first, "images_after_first": images - first_images,
+        "first_batch_s": step_s[0], "step_s": step_s, "step_images": step_images,
         "rss_before": before, "rss_peak": peak,
         "rss_growth": peak - before, "images_decoded": work.get("images_decoded", 0),
         "lookahead_peak_bytes": work.get("lookahead_peak_bytes", 0),
         "lookahead_bytes_budget": work.get("lookahead_bytes_budget", budget),
+        **({"profile": stats["profile"]} if profile else {}),
     }  # fmt: skip
 
 
-def run_pipeline(recipe: Path, workers: int, budget: int, images: int) -> dict[str, Any]:
+def run_pipeline(
+    recipe: Path, seq_len: int, workers: int, budget: int, images: int, profile: bool = False
+) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", str(recipe), "--workers", str(workers)]
+    cmd += ["--child-seq-len", str(seq_len)] + (["--child-profile"] if profile else [])
     cmd += ["--child-budget", str(budget), "--images", str(images)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=1800)
     if proc.returncode:
@@ -250,7 +323,7 @@ class _Prepare:
         return out.num_tokens, out.patches, ids
 
 
-def conventional(shards: list[Path], spec: Any, workers: int) -> dict[str, Any]:
+def conventional(shards: list[Path], spec: Any, workers: int, seq_len: int) -> dict[str, Any]:
     """webdataset + DataLoader worker processes + a greedy per-rank packer."""
     import torch
     import webdataset as wds
@@ -260,7 +333,7 @@ def conventional(shards: list[Path], spec: Any, workers: int) -> dict[str, Any]:
     loader = torch.utils.data.DataLoader(
         data, batch_size=None, num_workers=workers, prefetch_factor=4 if workers else None
     )
-    row = SEQ_LEN + 1
+    row = seq_len + 1
     images = tokens = rows = used = 0
     cpu0, t0 = time.process_time(), time.perf_counter()
     for placeholders, _patches, ids in loader:
@@ -283,9 +356,35 @@ def rate(r: dict[str, Any], key: str) -> float:
     return r[key] / r["wall_s"] if r["wall_s"] > 0 else 0.0
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    folder = Path(args.work)
-    recipe = build_corpus(folder, args.images)
+STEADY_FROM = 0.2  # the sustained window starts once this share of the images is delivered
+
+
+def sustained(a: dict[str, Any]) -> dict[str, float]:
+    """Images/s of a pipeline run over its steady window (see the module notes)."""
+    times, counts = a["step_s"], a["step_images"]
+    if len(times) < 2:
+        raise SystemExit(
+            f"bench_images: the pipeline delivered {len(times)} step(s); the sustained "
+            "window needs two at least: a larger corpus (--images) or more --epochs"
+        )
+    k = next(i for i, n in enumerate(counts) if n >= STEADY_FROM * counts[-1])
+    k = min(k, len(times) - 2)
+    return {
+        "from_step": k + 1,
+        "images": counts[-1] - counts[k],
+        "seconds": times[-1] - times[k],
+        "images_s": (counts[-1] - counts[k]) / (times[-1] - times[k]),
+    }
+
+
+def run_corpus(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Rounds of (b), (a), (b), the other baselines and (c) over one corpus, and
+    the tight-budget run."""
+    corpus = CORPORA[name]
+    count = args.images or (corpus.quick_images if args.quick else corpus.images)
+    wanted = count * args.epochs
+    folder = Path(args.work) / name
+    recipe = build_corpus(folder, corpus, count)
     shards = sorted((folder / "shards").glob("*.tar"))
     spec = image_spec(recipe)
     images = read_images(shards)
@@ -294,60 +393,121 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rounds: list[dict[str, Any]] = []
     raw_images(images[:50], spec, args.workers, True)  # warm imports and caches
     for _ in range(args.rounds):
-        r: dict[str, Any] = {"pipeline": run_pipeline(recipe, args.workers, budget, args.images)}
-        r["raw"] = raw_images(images, spec, args.workers, True)
+        r: dict[str, Any] = {"raw_before": raw_images(images, spec, args.workers, True)}
+        r["pipeline"] = run_pipeline(recipe, corpus.seq_len, args.workers, budget, wanted)
+        r["raw_after"] = raw_images(images, spec, args.workers, True)
         r["raw_no_digest"] = raw_images(images, spec, args.workers, False)
         r["raw_1_thread"] = raw_images(images, spec, 1, True)
-        r["conventional"] = conventional(shards, spec, args.workers)
+        r["conventional"] = conventional(shards, spec, args.workers, corpus.seq_len)
+        raw = (rate(r["raw_before"], "images") + rate(r["raw_after"], "images")) / 2
+        r["sustained"] = sustained(r["pipeline"])
+        r["ratio"] = rate(r["pipeline"], "images") / raw
+        r["ratio_sustained"] = r["sustained"]["images_s"] / raw
         rounds.append(r)
-    tight_run = run_pipeline(recipe, args.workers, tight, args.images)
+    tight_run = run_pipeline(recipe, corpus.seq_len, args.workers, tight, count)
+    profiled = run_pipeline(recipe, corpus.seq_len, args.workers, budget, wanted, profile=True)
 
     def med(kind: str, key: str) -> float:
         return statistics.median(rate(r[kind], key) for r in rounds)
 
-    a_img, b_img = med("pipeline", "images"), med("raw", "images")
-    sustained = statistics.median(
-        r["pipeline"]["images_after_first"]
-        / (r["pipeline"]["wall_s"] - r["pipeline"]["first_batch_s"])
-        for r in rounds
-    )
+    def med_of(values: Any) -> float:
+        return statistics.median(list(values))
+
+    no_digest = med("raw_no_digest", "images")
+    raw_rates = [rate(r[k], "images") for r in rounds for k in ("raw_before", "raw_after")]
     summary = {
-        "pipeline_images_s": a_img,
-        "pipeline_sustained_images_s": sustained,
-        "pipeline_first_batch_s": statistics.median(r["pipeline"]["first_batch_s"] for r in rounds),
+        "pipeline_images_s": med("pipeline", "images"),
+        "pipeline_sustained_images_s": med_of(r["sustained"]["images_s"] for r in rounds),
+        "pipeline_first_batch_s": med_of(r["pipeline"]["first_batch_s"] for r in rounds),
         "pipeline_tokens_s": med("pipeline", "tokens"),
-        "raw_images_s": b_img,
-        "raw_no_digest_images_s": med("raw_no_digest", "images"),
+        "raw_images_s": statistics.median(raw_rates),
+        "raw_no_digest_images_s": no_digest,
         "raw_1_thread_images_s": med("raw_1_thread", "images"),
         "conventional_images_s": med("conventional", "images"),
         "conventional_tokens_s": med("conventional", "tokens"),
-        "ratio_pipeline_raw": a_img / b_img if b_img else 0.0,
-        "ratio_sustained_raw": sustained / b_img if b_img else 0.0,
-        "digest_share_of_raw": 1 - b_img / med("raw_no_digest", "images")
-        if med("raw_no_digest", "images")
-        else 0.0,
+        "ratio_pipeline_raw": med_of(r["ratio"] for r in rounds),
+        "ratio_sustained_raw": med_of(r["ratio_sustained"] for r in rounds),
+        "ratio_rounds": [r["ratio"] for r in rounds],
+        "ratio_sustained_rounds": [r["ratio_sustained"] for r in rounds],
+        "digest_share_of_raw": 1 - med("raw_after", "images") / no_digest if no_digest else 0.0,
     }
+    cpu_per_image = {
+        "pipeline": per_image(profiled["profile"], profiled["images"]),
+        "raw_us": statistics.median(
+            1e6 * r[k]["cpu_s"] / r[k]["images"] for r in rounds for k in ("raw_before", "raw_after")
+        ),
+        "raw_1_thread_us": med_of(1e6 * r["raw_1_thread"]["cpu_s"] / r["raw_1_thread"]["images"]
+                                  for r in rounds),
+    }  # fmt: skip
     memory = {
         "default": {k: rounds[-1]["pipeline"][k] for k in MEMORY_KEYS},
         "tight": {k: tight_run[k] for k in MEMORY_KEYS},
     }
     return {
-        "title": "Image pipeline: Zephon against the raw image work and webdataset + DataLoader",
         "config": {
-            "quick": args.quick,
-            "images": args.images,
+            "what": corpus.what,
+            "images": count,
+            "epochs": args.epochs,
             "shards": len(shards),
             "workers": args.workers,
             "rounds": args.rounds,
-            "seq_len": SEQ_LEN,
+            "seq_len": corpus.seq_len,
             "global_batch": GLOBAL_BATCH,
-            "lanes": 8,
+            "lanes": LANES,
             "corpus_bytes": sum(len(d) for _, d in images),
-            "image_settings": "patch 8, merge 2, 1024..16384 pixels",
-        },  # fmt: skip
+            "decoded_pixels": int(sum(int(np.prod(p)) for p in _sizes(images, spec))),
+            "image_settings": corpus.settings,
+        },
         "summary": summary,
+        "cpu_per_image": cpu_per_image,
+        "profiled_run": {k: v for k, v in profiled.items() if k not in ("step_s", "step_images")},
         "memory": memory,
         "rounds": rounds,
+    }
+
+
+# What a profiled run's thread CPU per delivered image is spent on (µs): the image
+# work its workers do (the same calls as (b)), and the pipeline's own.
+IMAGE_WORK = ("header plans", "decode pool")
+OWN = ("tar reads", "captions", "framing", "plan", "pack", "assemble", "other")
+
+
+def per_image(profile: dict[str, Any], images: int) -> dict[str, float]:
+    """µs of thread CPU per delivered image, by what it was spent on (stage_profile)."""
+    threads, cpu = profile["threads"], profile["cpu_ns"]
+
+    def image_on(prefix: str) -> int:
+        return sum(t.get("image", 0) for name, t in threads.items() if name.startswith(prefix))
+
+    parts = {
+        "header plans": image_on("plan"),  # read time, on the planning thread
+        "decode pool": image_on("zephon-decode"),  # decode, resize, patches, pixel hash
+        "tar reads": cpu["read"] + cpu["parse"],
+        "captions": cpu["tokenize"] + cpu["convert"],  # the tokenizer, its native pool too
+        "framing": image_on("tokenize"),  # documents with images as id arrays
+        "plan": cpu["plan"],
+        "pack": cpu["pack"],
+        "assemble": cpu["assemble"],
+    }
+    parts["other"] = profile["total_cpu_ns"] - sum(parts.values())  # hand-offs, waits
+    out = {k: v / images / 1e3 for k, v in parts.items()}
+    out["image work"] = sum(out[k] for k in IMAGE_WORK)
+    out["own"] = sum(out[k] for k in OWN)
+    return out
+
+
+def _sizes(images: list[tuple[str, bytes]], spec: Any) -> list[tuple[int, int]]:
+    """Stored (width, height) of each image, from its header."""
+    from zephon.images.prepare import plan_image
+
+    return [plan_image(data, name, spec).header.stored_size for name, data in images]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "title": "Image pipeline: Zephon against the raw image work and webdataset + DataLoader",
+        "quick": args.quick,
+        "corpora": {name: run_corpus(name, args) for name in args.corpora},
         "machine": {
             "platform": platform.platform(),
             "python": platform.python_version(),
@@ -365,26 +525,55 @@ def _mib(n: float) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
-def table(doc: dict[str, Any]) -> str:
-    """The figures the README quotes."""
-    s, c = doc["summary"], doc["config"]
+def corpus_table(name: str, r: dict[str, Any]) -> str:
+    s, c = r["summary"], r["config"]
     n = c["workers"]
     return (
-        f"| {c['images']:,} images, {n} workers | images/s | tokens/s |\n|---|---|---|\n"
-        f"| (a) Zephon pipeline, start to end | {s['pipeline_images_s']:.0f} | "
+        f"| {name}: {c['images']:,} images, {n} workers | images/s | tokens/s |\n"
+        "|---|---|---|\n"
+        f"| (a) Zephon pipeline, start to end ({c['epochs']} epoch{'s' * (c['epochs'] > 1)}, "
+        f"first batch "
+        f"{s['pipeline_first_batch_s']:.1f} s) | {s['pipeline_images_s']:.0f} | "
         f"{s['pipeline_tokens_s']:,.0f} |\n"
-        f"| (a') the same after its first batch "
-        f"({s['pipeline_first_batch_s']:.1f} s) | {s['pipeline_sustained_images_s']:.0f} | |\n"
+        f"| (a') the same, sustained (after the first fifth) "
+        f"| {s['pipeline_sustained_images_s']:.0f} | |\n"
         f"| (b) raw decode + resize + patchify + hash, {n} threads | {s['raw_images_s']:.0f} | |\n"
         f"| (b') the same, 1 thread | {s['raw_1_thread_images_s']:.0f} | |\n"
         f"| (c) webdataset + DataLoader ({n} processes) + greedy packing | "
         f"{s['conventional_images_s']:.0f} | {s['conventional_tokens_s']:,.0f} |\n"
-        f"| ratio a/b (a'/b) | {s['ratio_pipeline_raw']:.2f} ({s['ratio_sustained_raw']:.2f}) | |\n"
+        f"| ratio a/b (a'/b), median of rounds | {s['ratio_pipeline_raw']:.2f} "
+        f"({s['ratio_sustained_raw']:.2f}) | |\n"
     )
 
 
+def cpu_table(r: dict[str, Any]) -> str:
+    """Thread CPU per delivered image of the profiled run, against the raw loop's."""
+    c, run = r["cpu_per_image"], r["profiled_run"]
+    p = c["pipeline"]
+    head = [*IMAGE_WORK, "**image work**", *OWN, "**own**"]
+    cells = [f"{p[k]:.0f}" for k in IMAGE_WORK] + [f"**{p['image work']:.0f}**"]
+    cells += [f"{p[k]:.0f}" for k in OWN] + [f"**{p['own']:.0f}**"]
+    return (
+        f"CPU per delivered image (µs of thread CPU; one more run of (a), profiled: "
+        f"`ZephonLoader(profile=True)`; it decoded {run['images_decoded']:,} images to deliver "
+        f"{run['images']:,}): the image work its workers do (header plans when "
+        "read; decode, resize, patches and pixel hash in the pool) and the pipeline's own "
+        "(tar member reads, the captions' tokenizer calls, framing documents as id arrays, "
+        "the planner, packing, assembling batches, the rest: hand-offs and loops). The raw "
+        f"loop (b) spends {c['raw_us']:.0f} µs of CPU per image in "
+        f"{r['config']['workers']} threads, {c['raw_1_thread_us']:.0f} in one.\n\n"
+        "| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n"
+        "| " + " | ".join(cells) + " |"
+    )
+
+
+def table(doc: dict[str, Any]) -> str:
+    """The figures the README quotes: one table per corpus."""
+    return "\n".join(corpus_table(name, r) for name, r in doc["corpora"].items())
+
+
 def page(doc: dict[str, Any]) -> str:
-    s, m, c = doc["summary"], doc["memory"], doc["config"]
+    rounds = {r["config"]["rounds"] for r in doc["corpora"].values()}
     where = (
         "measured on a busy shared 2-core machine (other jobs running); rerun on a quiet one"
         if doc["machine"]["busy_2_core"]
@@ -394,35 +583,55 @@ def page(doc: dict[str, Any]) -> str:
         f"# {doc['title']}",
         "",
         f"Generated by `benchmarks/bench_images.py` from `bench_images.json`; {where}. "
-        f"Medians of {c['rounds']} round(s); {c['images']:,} images in {c['shards']} shards "
-        f"({_mib(c['corpus_bytes'])} encoded), {c['image_settings']}.",
+        f"Medians of {'/'.join(map(str, sorted(rounds)))} round(s).",
         "",
-        table(doc),
-        f"- The pixel hash of the batch digest is paid by the worker that decoded the image "
-        f"(`ImageWork._decode`): {100 * s['digest_share_of_raw']:.1f}% of the raw image work "
-        f"({s['raw_no_digest_images_s']:.0f} images/s without it).",
-        "",
-        "| lookahead budget | accounted peak | RSS before | RSS peak | RSS growth |",
-        "|---|---|---|---|---|",
     ]
-    for name in ("default", "tight"):
-        r = m[name]
-        lines.append(
-            f"| {_mib(r['lookahead_bytes_budget'])} ({name}) | {_mib(r['lookahead_peak_bytes'])} "
-            f"| {_mib(r['rss_before'])} | {_mib(r['rss_peak'])} | {_mib(r['rss_growth'])} |"
-        )
+    for name, r in doc["corpora"].items():
+        s, m, c = r["summary"], r["memory"], r["config"]
+        lines += [
+            f"## {name}: {c['what']}",
+            "",
+            f"{c['images']:,} images in {c['shards']} shards ({_mib(c['corpus_bytes'])} "
+            f"encoded, {c['decoded_pixels'] / c['images'] / 1e3:,.0f} k pixels an image "
+            f"decoded), {c['image_settings']}.",
+            "",
+            corpus_table(name, r),
+            "- Ratios a/b by round (a'/b): "
+            + ", ".join(
+                f"{x:.2f} ({y:.2f})"
+                for x, y in zip(s["ratio_rounds"], s["ratio_sustained_rounds"], strict=True)
+            )
+            + ".",
+            f"- The pixel hash of the batch digest is paid by the worker that decoded the image "
+            f"(`ImageWork._decode`): {100 * s['digest_share_of_raw']:.1f}% of the raw image work "
+            f"({s['raw_no_digest_images_s']:.0f} images/s without it).",
+            f"- Against one raw thread, a/b' = "
+            f"{s['pipeline_images_s'] / s['raw_1_thread_images_s']:.2f}; the conventional path "
+            f"(c) against the pipeline: {s['conventional_images_s'] / s['pipeline_images_s']:.2f}.",
+            "",
+            cpu_table(r),
+            "",
+            "| lookahead budget | accounted peak | RSS before | RSS peak | RSS growth |",
+            "|---|---|---|---|---|",
+        ]
+        for budget in ("default", "tight"):
+            b = m[budget]
+            lines.append(
+                f"| {_mib(b['lookahead_bytes_budget'])} ({budget}) | "
+                f"{_mib(b['lookahead_peak_bytes'])} | {_mib(b['rss_before'])} | "
+                f"{_mib(b['rss_peak'])} | {_mib(b['rss_growth'])} |"
+            )
+        lines.append("")
     lines += [
-        "",
-        "The accounted peak is the loader's own count (`lookahead_peak_bytes`): every "
-        "document queued for a call reserves its patches and its largest decode peak "
-        "from the header (Pillow's working copies included), and the step being "
-        "produced is never held back, so a budget below one step's documents (the tight "
-        "one) cannot lower it. RSS is the child process's (`ru_maxrss`), before: after "
-        "importing torch and zephon, before the loader is built.",
-        "",
-        f"Against one raw thread, a/b' = {s['pipeline_images_s'] / s['raw_1_thread_images_s']:.2f}"
-        f"; the conventional path (c) against the pipeline: "
-        f"{s['conventional_images_s'] / s['pipeline_images_s']:.2f}.",
+        "The accounted peak is the loader's own count (`lookahead_peak_bytes`): the "
+        "patches of every document queued, decoded or waiting for its lane, and the "
+        "largest decode peaks of the queued documents, as many as decode at once, from "
+        "the headers (Pillow's working copies included). The rows of the step being "
+        "produced are never held back, so a budget below one step's documents (the "
+        "tight one) cannot lower it. RSS is the child process's (`ru_maxrss`), before: "
+        "after importing torch and zephon, before the loader is built; besides the "
+        "lookahead it holds the packers' open bins, the prefetched batches and the "
+        "batch being consumed.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -438,10 +647,13 @@ def publish(path: Path) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a small corpus, one round (seconds)")
-    ap.add_argument("--images", type=int, default=None, help="corpus size (default 8000)")
+    ap.add_argument("--quick", action="store_true", help="small corpora, one round (seconds)")
+    ap.add_argument("--corpora", default=",".join(CORPORA), help="which of: " + ", ".join(CORPORA))
+    ap.add_argument("--images", type=int, default=None, help="corpus size (default: per corpus)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=None, help="default 3, 1 with --quick")
+    ap.add_argument("--epochs", type=int, default=None, help="pipeline window in corpus passes "
+                    "(default 2, 1 with --quick)")  # fmt: skip
     ap.add_argument("--tight-budget-mib", type=int, default=4)
     ap.add_argument("--work", default=str(REPO / "outputs" / "bench_images"))
     ap.add_argument("--json", default=str(RESULTS))
@@ -449,22 +661,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--render", metavar="JSON", help="only regenerate the page from a JSON")
     ap.add_argument("--child", metavar="RECIPE", help=argparse.SUPPRESS)
     ap.add_argument("--child-budget", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--child-profile", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child-seq-len", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.images is None:
-        args.images = 240 if args.quick else 8000
+    args.corpora = [c for c in args.corpora.split(",") if c]
+    unknown = [c for c in args.corpora if c not in CORPORA]
+    if unknown or not args.corpora:
+        ap.error(f"--corpora: unknown {unknown}; expected some of {', '.join(CORPORA)}")
     if args.rounds is None:
         args.rounds = 1 if args.quick else 3
+    if args.epochs is None:
+        args.epochs = 1 if args.quick else 2
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
-        print(
-            json.dumps(
-                pipeline_child(Path(args.child), args.workers, args.child_budget, args.images)
-            )
+        budget, seq_len = args.child_budget, args.child_seq_len
+        result = pipeline_child(
+            Path(args.child), seq_len, args.workers, budget, args.images, args.child_profile
         )
+        print(json.dumps(result))
         return 0
     if args.render:
         return publish(Path(args.render))
@@ -473,8 +691,12 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     publish(out)
-    s = doc["summary"]
-    print(f"RATIO pipeline/raw = {s['ratio_pipeline_raw']:.3f}")
+    for name, r in doc["corpora"].items():
+        s = r["summary"]
+        print(
+            f"RATIO {name} pipeline/raw = {s['ratio_pipeline_raw']:.3f} "
+            f"sustained {s['ratio_sustained_raw']:.3f}"
+        )
     return 0
 
 

@@ -66,11 +66,14 @@ def _phrase(count: int, colour: str, shape: str) -> str:
     return f"{number} {colour} {shape}{'s' if count > 1 else ''}"
 
 
-def scene(rng: np.random.Generator) -> tuple[bytes, str, str, dict[str, Any]]:
-    """(encoded image, extension, caption, metadata) of one random scene."""
+def scene(
+    rng: np.random.Generator, sizes: tuple[tuple[int, int], ...] = SIZES
+) -> tuple[bytes, str, str, dict[str, Any]]:
+    """(encoded image, extension, caption, metadata) of one random scene, of one of
+    `sizes` (width, height)."""
     from PIL import Image, ImageDraw
 
-    width, height = SIZES[int(rng.integers(len(SIZES)))]
+    width, height = sizes[int(rng.integers(len(sizes)))]
     background = str(rng.choice(list(BACKGROUNDS)))
     im = Image.new("RGB", (width, height), BACKGROUNDS[background])
     draw = ImageDraw.Draw(im)
@@ -126,12 +129,19 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def write_shard(path: Path, rng: np.random.Generator, first: int, count: int, prefix: str) -> int:
+def write_shard(
+    path: Path,
+    rng: np.random.Generator,
+    first: int,
+    count: int,
+    prefix: str,
+    sizes: tuple[tuple[int, int], ...] = SIZES,
+) -> int:
     """A WebDataset shard of `count` captioned scenes; returns the sample count."""
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
         for i in range(first, first + count):
             key = f"{prefix}{i:06d}"
-            data, ext, caption, meta = scene(rng)
+            data, ext, caption, meta = scene(rng, sizes)
             _add(tar, f"{key}.{ext}", data)
             _add(tar, f"{key}.txt", caption.encode("utf-8"))
             record = {"id": key, "caption": caption, **meta}

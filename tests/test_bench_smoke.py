@@ -86,22 +86,47 @@ def test_bench_images_quick(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     doc = json.loads(out.read_text())
-    cfg, s, (r,) = doc["config"], doc["summary"], doc["rounds"]
-    assert cfg["quick"] is True and cfg["rounds"] == 1
-    # Every side worked on the whole corpus: the raw loops and the conventional
-    # path each took every image once; the pipeline delivered as many (its last
-    # step may overshoot by less than a step) and decoded at least those.
-    for kind in ("raw", "raw_no_digest", "raw_1_thread", "conventional"):
-        assert r[kind]["images"] == cfg["images"], kind
-    a = r["pipeline"]
-    assert 0 <= a["images"] - cfg["images"] < a["images"] / a["steps"] + 1
-    # and decoded no more than those plus the lookahead (two steps of tokens,
-    # two batches prefetched, a call in flight)
-    per_step = a["images"] / a["steps"]
-    assert a["images"] <= a["images_decoded"] <= a["images"] + 6 * per_step
-    assert a["steps"] * cfg["global_batch"] * (cfg["seq_len"] + 1) >= a["tokens"] > 0
-    assert s["ratio_pipeline_raw"] == pytest.approx(s["pipeline_images_s"] / s["raw_images_s"])
-    assert f"RATIO pipeline/raw = {s['ratio_pipeline_raw']:.3f}" in proc.stdout
-    for budget in doc["memory"].values():
-        assert 0 < budget["lookahead_peak_bytes"] and budget["rss_peak"] >= budget["rss_before"]
+    assert doc["quick"] is True and set(doc["corpora"]) == {"web", "thumbnails"}
+    for name, result in doc["corpora"].items():
+        cfg, s, (r,) = result["config"], result["summary"], result["rounds"]
+        assert cfg["rounds"] == 1 and cfg["epochs"] == 1, name
+        # Every side worked on the whole corpus: the raw loops and the conventional
+        # path each took every image once; the pipeline delivered as many (its last
+        # step may overshoot by less than a step) and decoded at least those.
+        for kind in ("raw_before", "raw_after", "raw_no_digest", "raw_1_thread", "conventional"):
+            assert r[kind]["images"] == cfg["images"], (name, kind)
+        a = r["pipeline"]
+        assert 0 <= a["images"] - cfg["images"] < a["images"] / a["steps"] + 1, name
+        # and decoded no more than those plus the lookahead (two steps of tokens,
+        # two batches prefetched, a call in flight)
+        per_step = a["images"] / a["steps"]
+        assert a["images"] <= a["images_decoded"] <= a["images"] + 6 * per_step, name
+        assert a["steps"] * cfg["global_batch"] * (cfg["seq_len"] + 1) >= a["tokens"] > 0
+        # The step marks are the run's own: one a step, in order, ending at its count
+        # (the quick corpora give two steps at least: a window after the first).
+        assert a["steps"] >= 2, name
+        assert len(a["step_s"]) == len(a["step_images"]) == a["steps"], name
+        assert a["step_s"] == sorted(a["step_s"]) and a["step_images"][-1] == a["images"]
+        assert a["step_s"][0] == a["first_batch_s"] and a["step_s"][-1] <= a["wall_s"]
+        # The ratios are against the raw runs on either side of the pipeline run,
+        # and the sustained window is the steps after a fifth of the images.
+        raw = (r["raw_before"]["images"] / r["raw_before"]["wall_s"]
+               + r["raw_after"]["images"] / r["raw_after"]["wall_s"]) / 2  # fmt: skip
+        assert s["ratio_pipeline_raw"] == pytest.approx(a["images"] / a["wall_s"] / raw), name
+        w = r["sustained"]
+        k = w["from_step"] - 1
+        first = next(i for i, n in enumerate(a["step_images"]) if n >= 0.2 * a["images"])
+        assert k == min(first, a["steps"] - 2), name
+        assert w["images"] == a["images"] - a["step_images"][k], name
+        assert w["seconds"] == pytest.approx(a["step_s"][-1] - a["step_s"][k]), name
+        assert s["ratio_sustained_raw"] == pytest.approx(w["images"] / w["seconds"] / raw), name
+        assert f"RATIO {name} pipeline/raw = {s['ratio_pipeline_raw']:.3f}" in proc.stdout
+        # The CPU table splits the profiled run's thread CPU, all of it, per image.
+        run, per = result["profiled_run"], result["cpu_per_image"]["pipeline"]
+        total = run["profile"]["total_cpu_ns"] / run["images"] / 1e3
+        assert per["image work"] + per["own"] == pytest.approx(total), name
+        assert min(per[k] for k in ("header plans", "decode pool", "framing", "captions")) > 0
+        assert per["decode pool"] > per["header plans"], name
+        for budget in result["memory"].values():
+            assert 0 < budget["lookahead_peak_bytes"] and budget["rss_peak"] >= budget["rss_before"]
     assert out.with_suffix(".md").read_text().startswith(f"# {doc['title']}")
