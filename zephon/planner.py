@@ -327,7 +327,7 @@ class NeedPlanner:
         est_total, needed, held_back, cached = 0, False, False, False
         self.bytes.call = 0
         while heap and len(call) < self.max_docs and est_total < self.call_tokens:
-            step, _, offset, _, f = heapq.heappop(heap)
+            step, _, _, _, f = heapq.heappop(heap)
             if f.sched >= len(f.slots):
                 f.reading = True
                 reads.append((f, f.advance(read_size)))
@@ -349,17 +349,12 @@ class NeedPlanner:
                 est, nbytes, peak = max(1, int(len(slot.text) * self.tokens_per_char)) + 1, 0, 0
             else:  # exact image tokens, and the bytes to reserve (images/work.py)
                 est, nbytes, peak = slot.text.cost(self.tokens_per_char)
-            # The step being produced is never held back: its rows' documents. Those
-            # a packer needs earlier (need_step) wait for the budget once warm, or
-            # for their lane to ask for them.
-            must = step <= self.floor and (
-                not self.warm or self.steps.step_of(offset) <= self.floor
-            )
+            must = step <= self.floor  # never held back by the budget
             if not must and (
                 self.used + est > self.budget or (nbytes and not self.bytes.admits(nbytes, peak))
             ):
                 held_back = True
-                continue  # a later entry may still be a row of the step being produced
+                break  # later entries are later steps: the budget holds them all back
             needed = needed or must
             f.sched += 1
             f.sched_tokens += est
@@ -405,6 +400,10 @@ class NeedPlanner:
                 # Too far ahead: without this, a feed whose partner is still being
                 # read would take the whole budget for steps nobody needs yet.
                 return None
+            if step <= self.floor < self.steps.step_of(est):
+                # Needed early by the packer (its held rows) but no row of the step
+                # being produced: first of the lookahead, which the budget bounds.
+                step = self.floor + 1
             return (step, ld.order, est, next(self._seq), f)
         if not (ld.frontier == k and ld.sim_idx[k] == f.sched):
             return None  # before the first batch only the exact next documents
