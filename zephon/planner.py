@@ -10,7 +10,7 @@ work it decides.
   lane's mixer over the documents already tokenized (`LaneDemand.simulate`),
   which gives the exact next document the lane will pick and the token
   offset in the lane's stream where it starts, hence the step that needs it
-  (`StepMap.step_of`, which counts the rows the lane's packer holds back:
+  (`StepMap.need_step`, which counts the rows the lane's packer holds back:
   best_fit's open bins). Only those exact documents are tokenized (nothing
   speculative), served in the order (step, lane), so start-up and restore
   work is the rows they need, plus the one document per lane that straddles

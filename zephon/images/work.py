@@ -14,10 +14,11 @@ lane, in two stateless steps (docs/design.md §14):
   With two or more workers the call's documents are decoded by a pool of
   that many threads (Pillow's decoders and resampling release the GIL),
   started when the call is planned (`start`: its bytes are reserved then),
-  a few documents per task decoded one after another (and each document's
-  images one after another), so each document's reservation of one decode
-  peak (`PlannedDoc.cost`) still holds; results
-  are taken in the call's order, so no byte depends on the thread count.
+  up to 8 of its documents per task decoded one after another (and each
+  document's images one after another), so no more documents decode at once
+  than the pool has threads, which is what the byte budget reserves decode
+  peaks for (images/budget.py); results are taken in the call's order, so no
+  byte depends on the thread count.
 
 A bad image (not an image, truncated or corrupt, zero bytes, more pixels than
 `max_decoded_pixels`) makes its whole document bad: under `bad_records =
