@@ -57,7 +57,7 @@ Where the pixel hash is paid: the thread that decoded the image hashes it
 Writes the raw results (`--json`, default docs/results/bench_images.json),
 the table beside it (.md) and, for the committed results, the README figures
 between its `bench_images` markers. `--quick` runs in seconds (small corpora,
-one round, one epoch); the default takes about a quarter of an hour.
+one round, one epoch); the default takes about twenty minutes.
 
     .venv/bin/python benchmarks/bench_images.py [--quick] [--json PATH]
     .venv/bin/python benchmarks/bench_images.py --render docs/results/bench_images.json
