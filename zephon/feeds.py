@@ -26,7 +26,7 @@ from zephon.mixing import Mixer
 from zephon.sources.storage import is_remote
 
 if TYPE_CHECKING:
-    from zephon.planner import SchedulerStats
+    from zephon.lookahead import SchedulerStats
 
 
 class Slot:

@@ -28,8 +28,8 @@ from zephon.errors import StateError
 from zephon.flush_log import FlushLog, FlushPoint
 from zephon.lane import LaneStream, initial_snapshot
 from zephon.layout import Layout
+from zephon.lookahead import DEFAULT_LOOKAHEAD_BYTES, DOC_COUNTS, TOKEN_COUNTS
 from zephon.phases import MicroBatch, Phase, Segment, resolve_schedule
-from zephon.planner import DEFAULT_LOOKAHEAD_BYTES, DOC_COUNTS, TOKEN_COUNTS
 from zephon.production import BOUNDARY, END, BatchProducer
 from zephon.rank_schedule import RankSchedule
 from zephon.recipe import Recipe, load_recipe

@@ -3,8 +3,9 @@
 Plain data in (the lanes' feeds and mixer states, the step being produced,
 the budget), decisions out (documents to tokenize in one call, blocks to
 read); no locks and no threads, so the policy can be read and tested on its
-own. The executor (scheduler.py) calls it with its lock held and does the
-work it decides.
+own. What it decides from, and how that changes as work happens, is the
+ledger it extends (lookahead.py). The executor (scheduler.py) calls it with
+its lock held and does the work it decides.
 
 - Need order, before the first batch. For every lane the planner replays the
   lane's mixer over the documents already tokenized (`LaneDemand.simulate`),
@@ -40,22 +41,13 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, NamedTuple, Protocol
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
-import numpy as np
-
-from zephon.feeds import Feed, FeedStart, LaneDemand, Slot
-from zephon.images.budget import ImageBytes, held_bytes
+from zephon.feeds import Feed, LaneDemand, Slot
 from zephon.lane_docs import BlockPart
 from zephon.long_docs import LONG_CHARS, LongDocCache
-
-# The image byte budget per rank when none is set (images/budget.py).
-DEFAULT_LOOKAHEAD_BYTES = 512 << 20
-# The counts of SchedulerStats that make up documents and tokens "tokenized" in
-# all: by the tokenizer, pretokenized, and documents with images.
-DOC_COUNTS = ("docs_tokenized", "docs_pretokenized", "image_docs")
-TOKEN_COUNTS = ("tokens_tokenized", "tokens_pretokenized", "image_tokens")
+from zephon.lookahead import DEFAULT_LOOKAHEAD_BYTES, Lookahead, SchedulerStats
 
 
 class StepMap(Protocol):
@@ -88,39 +80,6 @@ class UniformSteps:
         return self.tokens_per_step
 
 
-@dataclass(slots=True)
-class SchedulerStats:
-    """Counts of the scheduler's work since it started or was last reset."""
-
-    docs_tokenized: int = 0
-    tokens_tokenized: int = 0
-    chars_tokenized: int = 0
-    docs_pretokenized: int = 0
-    tokens_pretokenized: int = 0
-    read_calls: int = 0
-    docs_read: int = 0
-    encode_calls: int = 0
-    docs_from_cache: int = 0
-    tokens_from_cache: int = 0
-    lookahead_peak_tokens: int = 0
-    image_docs: int = 0  # documents of sources with images, made by the workers
-    image_tokens: int = 0  # their tokens (text and image blocks)
-    images_decoded: int = 0
-
-    def count_document(self, tokens: int, pretokenized: bool) -> None:
-        """One document read (pretokenized) or tokenized outside the planner's calls."""
-        if pretokenized:
-            self.docs_pretokenized += 1
-            self.tokens_pretokenized += tokens
-        else:
-            self.docs_tokenized += 1
-            self.tokens_tokenized += tokens
-
-    def tokens_per_doc(self) -> float:
-        """Average tokens of a tokenized document (256 before any)."""
-        return self.tokens_tokenized / self.docs_tokenized if self.docs_tokenized else 256
-
-
 class Plan(NamedTuple):
     """The planner's decision: one tokenizer call, and the reads to do now.
 
@@ -132,7 +91,7 @@ class Plan(NamedTuple):
     served_from_cache: bool
 
 
-class NeedPlanner:
+class NeedPlanner(Lookahead):
     """Chooses work for all lanes of one loader, in order of need, under a budget.
 
     Args:
@@ -153,155 +112,14 @@ class NeedPlanner:
         budget_bytes: int = DEFAULT_LOOKAHEAD_BYTES,
         decoders: int = 1,
     ):
-        self.budget, self.steps, self.max_docs = max(budget_tokens, 1), steps, max_docs
-        self.bytes = ImageBytes(budget_bytes, decoders)
+        super().__init__(budget_tokens, cache, budget_bytes, decoders)
+        self.steps, self.max_docs = steps, max_docs
         # One call takes at most this many (estimated) tokens: a third of the
         # budget, so that one call in flight, one queued behind it and the ids
         # of the last one still being taken fit in the budget together.
         self.call_tokens = max(1 << 15, self.budget // 3)
-        self.cache = cache if cache is not None else LongDocCache()
-        self.lanes: list[LaneDemand] = []
-        self.waiting: set[Feed] = set()
-        self.floor = 0  # the step being produced: its documents ignore the budget
-        self.warm = False  # first batch assembled: speculative lookahead allowed
-        self.used = 0  # tokens tokenized or queued (estimated) and not yet taken
-        self.tokens_per_char = 0.25  # running estimate, for queued documents
         self.horizon = 1
-        self.stats = SchedulerStats()
         self._seq = itertools.count()
-
-    # -- lanes and feeds ------------------------------------------------------
-
-    def add_lane(
-        self, lane: int, mix_counts: Sequence[int], offset: int, weights: Sequence[float], unit: str
-    ) -> LaneDemand:
-        ld = LaneDemand(lane, len(self.lanes), mix_counts, offset, weights, unit)
-        self.lanes.append(ld)
-        return ld
-
-    def add_feed(self, ld: LaneDemand, source: int, start: FeedStart) -> Feed:
-        feed = Feed(ld, source, start)
-        ld.feeds.append(feed)
-        ld.restart()
-        return feed
-
-    def give_back(self, feed: Feed, ids: np.ndarray, doc_id: int) -> None:
-        """A document its lane took is the feed's next again (best_fit gave it back
-        at a phase boundary): first in the feed, tokenized."""
-        slot = Slot(None, ids, doc_id, feed)
-        feed.slots.appendleft(slot)
-        feed.sched += 1
-        feed.taken -= 1
-        feed.sched_tokens += len(ids)
-        self.used += len(ids)
-        self.bytes.reserve(slot, held_bytes(ids))
-        feed.lane.dirty = True
-
-    def reset(self, keep_stats: bool = False) -> None:
-        """Forget every lane (a restore or a phase boundary builds new ones); their
-        feeds are marked dead."""
-        for ld in self.lanes:
-            for f in ld.feeds:
-                f.dead = True
-        self.lanes, self.waiting = [], set()
-        self.used, self.warm, self.floor = 0, False, 0
-        self.bytes.reset()
-        if not keep_stats:
-            self.stats = SchedulerStats()
-
-    def stats_dict(self) -> dict[str, Any]:
-        return {
-            **asdict(self.stats),
-            "lookahead_tokens": self.used,
-            "lookahead_budget": self.budget,
-            **self.bytes.stats(),
-        }
-
-    # -- what happened --------------------------------------------------------------
-
-    def pop_ready(self, feed: Feed) -> tuple[np.ndarray, int] | None:
-        """The feed's next document (ids, index in the source) if it is tokenized,
-        taken by its lane; None if it is not ready."""
-        slots = feed.slots
-        if not slots or slots[0].ids is None:
-            return None
-        slot = slots.popleft()
-        ids = slot.ids
-        feed.sched -= 1
-        feed.taken += 1
-        ld, k, n = feed.lane, feed.source, len(ids)
-        unit = n if ld.unit == "tokens" else 1
-        ld.mix_counts[k] += unit
-        ld.taken += unit
-        ld.offset += n
-        feed.sched_tokens -= n
-        if self.warm:
-            pass  # no simulation once warm (see _entry)
-        elif ld.sim_idx[k] > 0:  # the simulation had already made this pick
-            ld.sim_idx[k] -= 1
-            ld.sim_tokens[k] -= n
-        else:
-            ld.restart()
-        self.used -= n
-        if slot.nbytes:
-            self.bytes.release(slot)
-        self.waiting.discard(feed)
-        return ids, slot.doc_id
-
-    def worth_planning(self) -> bool:
-        """Whether an idle planner should plan again after a take: before the first
-        batch every pick is new work; after it, once a quarter of the budget is
-        free (see `plan`: small speculative calls are not made)."""
-        return not self.warm or self.used <= self.budget - self.budget // 4
-
-    def stored(self, call: list[Slot], texts: list[str], ids: Any) -> None:
-        """A tokenizer call's ids (a list, one per slot) or its error arrived."""
-        if all(s.feed.dead for s in call):
-            return  # every lane it was for was dropped by a restore
-        stats = self.stats
-        stats.encode_calls += 1
-        failed = isinstance(ids, BaseException)
-        for k, s in enumerate(call):
-            f = s.feed
-            if f.dead:  # its lane was dropped by a restore
-                continue
-            if failed:
-                f.error = ids
-                continue
-            s.ids = ids[k]
-            n = len(s.ids)
-            self.used += n - s.est
-            f.sched_tokens += n - s.est
-            f.lane.dirty = True
-            if f.images is not None:  # its reserved decode peak is free again
-                self.bytes.stored(s, stats)
-                continue
-            stats.docs_tokenized += 1
-            stats.tokens_tokenized += n
-            stats.chars_tokenized += len(texts[k])
-            if len(texts[k]) >= LONG_CHARS:
-                self.cache.remember(f.source, s.doc_id, s.ids)
-        if stats.chars_tokenized:
-            self.tokens_per_char = stats.tokens_tokenized / stats.chars_tokenized
-
-    def read_done(self, f: Feed, slots: list[Slot], error: BaseException | None) -> None:
-        """A read of the feed's documents finished (slots read before any error)."""
-        f.reading = False
-        if f.dead:
-            return
-        f.error = f.error or error
-        f.slots.extend(slots)
-        stats = self.stats
-        stats.read_calls += 1
-        stats.docs_read += len(slots)
-        if f.pretokenized:
-            n = sum(len(s.ids) for s in slots)  # type: ignore[arg-type]
-            f.sched = len(f.slots)  # nothing to tokenize
-            self.used += n
-            f.sched_tokens += n
-            stats.docs_pretokenized += len(slots)
-            stats.tokens_pretokenized += n
-        f.lane.dirty = True
 
     # -- deciding ------------------------------------------------------------------
 

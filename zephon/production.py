@@ -36,8 +36,8 @@ from zephon.errors import StateError
 from zephon.flush_log import FlushPoint
 from zephon.images.assembly import BatchImages
 from zephon.lane import LaneStream
+from zephon.lookahead import DOC_COUNTS, TOKEN_COUNTS
 from zephon.phases import Schedule, Segment
-from zephon.planner import DOC_COUNTS, TOKEN_COUNTS
 from zephon.stage_profile import ASSEMBLE, NULL_CLOCK, OTHER, PACK, Clock, current
 
 END = object()  # the data ended (a `stop` source ran dry)

@@ -33,8 +33,9 @@ import numpy as np
 
 from zephon.feeds import Feed, FeedStart, LaneDemand, Slot
 from zephon.lane_docs import BlockPart
+from zephon.lookahead import DEFAULT_LOOKAHEAD_BYTES
 from zephon.pieces import encode_documents, needs_pieces
-from zephon.planner import DEFAULT_LOOKAHEAD_BYTES, NeedPlanner, StepMap
+from zephon.planner import NeedPlanner, StepMap
 from zephon.reading import read_slots
 from zephon.stage_profile import (
     CONVERT,
@@ -89,35 +90,22 @@ def _drop_calls(calls: deque[_Call], images: Any) -> None:
     calls.clear()
 
 
-class DemandScheduler:
-    """Reads and tokenizes documents for all lanes of one loader, in order of need.
-
-    Args:
-        tok: the tokenizer.
-        workers: 0: everything inline, on the thread that needs a document;
-            otherwise a tokenizer thread and a planning thread (which reads
-            local files itself), and this many threads read remote ones.
-        budget_tokens: lookahead budget (tokens tokenized but not yet taken).
-        steps: which step needs a lane-stream token offset.
-        unit: the recipe's mixture unit ("tokens" or "documents").
-        budget_bytes: lookahead budget of image bytes (images/budget.py).
-        images: the image work of a recipe with image sources (images/work.py).
-        profile: where the threads charge their CPU by stage (None: not profiled).
-    """
+class LockedPlanner:
+    """The need planner behind the scheduler's lock: every change the loader or a
+    lane makes to the plan (lanes, feeds, the step being produced, a segment) is
+    made under the lock and wakes whoever may now proceed. The threads that do
+    the planned work are DemandScheduler's, below."""
 
     def __init__(
         self,
-        tok: TokenizerInfo,
         workers: int,
         budget_tokens: int,
         steps: StepMap,
         unit: str,
-        max_docs: int = 1024,
-        budget_bytes: int = DEFAULT_LOOKAHEAD_BYTES,
-        images: Any = None,
-        profile: StageProfile | None = None,
+        max_docs: int,
+        budget_bytes: int,
     ):
-        self.tok, self.unit, self.images, self.profile = tok, unit, images, profile
+        self.unit = unit
         self.planner = NeedPlanner(
             budget_tokens, steps, max_docs, budget_bytes=budget_bytes, decoders=max(workers, 1)
         )
@@ -129,26 +117,6 @@ class DemandScheduler:
         self.cond = threading.Condition(lock)
         self.wake = threading.Condition(lock)
         self.queued = threading.Condition(lock)
-        # Calls planned and not started, and calls done and not stored: the
-        # tokenizer thread only calls the tokenizer, so that the next call starts
-        # as soon as one ends; reading, planning and converting ids happen on the
-        # planning thread meanwhile.
-        self.calls: deque[_Call] = deque()
-        self.done: deque[_Finished] = deque()
-        self.closed = False
-        self.error: BaseException | None = None  # a fault in the scheduler itself
-        self.idle = 0
-        self._pool = ThreadPoolExecutor(workers, "zephon-worker") if workers > 0 else None
-        self._threads: list[threading.Thread] = []
-        if workers > 0:
-            self._threads = [
-                threading.Thread(target=self._plan_loop, name="zephon-plan", daemon=True),
-                threading.Thread(target=self._tokenize_loop, name="zephon-tokenize", daemon=True),
-            ]
-            for t in self._threads:
-                t.start()
-
-    # -- building and resetting ----------------------------------------------
 
     def add_lane(
         self, lane: int, mix_counts: Sequence[int], offset: int, weights: Sequence[float]
@@ -159,17 +127,6 @@ class DemandScheduler:
     def add_feed(self, ld: LaneDemand, source: int, start: FeedStart) -> Feed:
         with self.cond:
             return self.planner.add_feed(ld, source, start)
-
-    def reset(self, steps: StepMap | None = None, keep_stats: bool = False) -> None:
-        """Forget every lane (a restore or a phase boundary builds new ones); work in
-        flight is dropped. `steps`: the step map of the lanes to come, if it changes;
-        keep_stats: go on counting (a boundary), instead of from zero (a restore)."""
-        with self.cond:
-            self.planner.reset(keep_stats)
-            if steps is not None:
-                self.planner.steps = steps
-            _drop_calls(self.calls, self.images)  # planned for the old lanes, not started
-            self._notify_everyone()
 
     def set_floor(self, step: int) -> None:
         """The step being produced: its documents are needed whatever the budget."""
@@ -216,6 +173,67 @@ class DemandScheduler:
     def stats(self) -> dict[str, Any]:
         with self.cond:
             return self.planner.stats_dict()
+
+
+class DemandScheduler(LockedPlanner):
+    """Reads and tokenizes documents for all lanes of one loader, in order of need.
+
+    Args:
+        tok: the tokenizer.
+        workers: 0: everything inline, on the thread that needs a document;
+            otherwise a tokenizer thread and a planning thread (which reads
+            local files itself), and this many threads read remote ones.
+        budget_tokens: lookahead budget (tokens tokenized but not yet taken).
+        steps: which step needs a lane-stream token offset.
+        unit: the recipe's mixture unit ("tokens" or "documents").
+        budget_bytes: lookahead budget of image bytes (images/budget.py).
+        images: the image work of a recipe with image sources (images/work.py).
+        profile: where the threads charge their CPU by stage (None: not profiled).
+    """
+
+    def __init__(
+        self,
+        tok: TokenizerInfo,
+        workers: int,
+        budget_tokens: int,
+        steps: StepMap,
+        unit: str,
+        max_docs: int = 1024,
+        budget_bytes: int = DEFAULT_LOOKAHEAD_BYTES,
+        images: Any = None,
+        profile: StageProfile | None = None,
+    ):
+        super().__init__(workers, budget_tokens, steps, unit, max_docs, budget_bytes)
+        self.tok, self.images, self.profile = tok, images, profile
+        # Calls planned and not started, and calls done and not stored: the
+        # tokenizer thread only calls the tokenizer, so that the next call starts
+        # as soon as one ends; reading, planning and converting ids happen on the
+        # planning thread meanwhile.
+        self.calls: deque[_Call] = deque()
+        self.done: deque[_Finished] = deque()
+        self.closed = False
+        self.error: BaseException | None = None  # a fault in the scheduler itself
+        self.idle = 0
+        self._pool = ThreadPoolExecutor(workers, "zephon-worker") if workers > 0 else None
+        self._threads: list[threading.Thread] = []
+        if workers > 0:
+            self._threads = [
+                threading.Thread(target=self._plan_loop, name="zephon-plan", daemon=True),
+                threading.Thread(target=self._tokenize_loop, name="zephon-tokenize", daemon=True),
+            ]
+            for t in self._threads:
+                t.start()
+
+    def reset(self, steps: StepMap | None = None, keep_stats: bool = False) -> None:
+        """Forget every lane (a restore or a phase boundary builds new ones); work in
+        flight is dropped. `steps`: the step map of the lanes to come, if it changes;
+        keep_stats: go on counting (a boundary), instead of from zero (a restore)."""
+        with self.cond:
+            self.planner.reset(keep_stats)
+            if steps is not None:
+                self.planner.steps = steps
+            _drop_calls(self.calls, self.images)  # planned for the old lanes, not started
+            self._notify_everyone()
 
     # -- the lane's side ---------------------------------------------------------
 
