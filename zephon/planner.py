@@ -94,13 +94,9 @@ class Plan(NamedTuple):
 class NeedPlanner(Lookahead):
     """Chooses work for all lanes of one loader, in order of need, under a budget.
 
-    Args:
-        budget_tokens: lookahead budget (tokens tokenized or queued, not yet taken).
+    Args (besides Lookahead's: budget_tokens, cache, budget_bytes, decoders):
         steps: maps a lane-stream offset to the step that needs it.
         max_docs: documents per tokenizer call, at most.
-        cache: ids of long documents, served instead of tokenizing them again.
-        budget_bytes: lookahead budget of image bytes (images/budget.py).
-        decoders: documents of sources with images decoded at once.
     """
 
     def __init__(
