@@ -51,7 +51,7 @@ class DocImage:
 def image_digest(grid: tuple[int, int], patches: np.ndarray) -> bytes:
     """SHA-256 of an image as the batch digest covers it: grid (int64 LE), then patches."""
     h = hashlib.sha256(np.asarray(grid, dtype="<i8").tobytes())
-    h.update(np.ascontiguousarray(patches, dtype=np.uint8).tobytes())
+    h.update(np.ascontiguousarray(patches, dtype=np.uint8))  # its buffer: no copy
     return h.digest()
 
 
