@@ -29,7 +29,8 @@ a. pipeline: `ZephonLoader` over a captions recipe (8 lanes, best_fit, 32 rows
    (`--tight-budget-mib`);
 b. raw: the same images' bytes, held in memory, through the exact functions
    the loader's workers call per image (zephon/images/work.py: `plan_image`
-   when read, `prepare_image` = decode + resize + patchify, and `image_digest`,
+   when read, keeping the opened image, then `prepare_image` on it = decode +
+   resize + patchify, and `image_digest`,
    the pixel hash of the batch digest) in a thread pool of `--workers` threads;
    once more without `image_digest`, which prices the hash, and once on one
    thread. (b) runs right before and right after each (a), and each round's
@@ -285,8 +286,8 @@ def raw_images(
 
     def one(item: tuple[str, bytes]) -> int:
         name, data = item
-        plan_image(data, name, spec)
-        out = prepare_image(data, name, spec)
+        plan = plan_image(data, name, spec, keep_open=True)
+        out = prepare_image(data, name, spec, plan)  # the plan's opened image, as the workers
         if digest:
             image_digest(out.grid, out.patches)
         return out.num_tokens

@@ -142,8 +142,8 @@ def test_digests_equal_across_ranks_workers_lookahead_and_resume(tmp_path, algor
         assert step_digests(resumed, 2) == ref[4:], dp
         close(resumed)
 
-    def one_pixel_off(data: bytes, name: str, spec: Any) -> Any:
-        out = prepare_image(data, name, spec)
+    def one_pixel_off(data: bytes, name: str, spec: Any, plan: Any = None) -> Any:
+        out = prepare_image(data, name, spec, plan)
         out.patches[0, 0] ^= 1  # the same tokens, grid and rows; one pixel differs
         return out
 
@@ -176,10 +176,10 @@ def test_workers_decode_images_in_a_pool_and_close_it(tmp_path, monkeypatch):
     monkeypatch.setattr(work.ImageWork, "start", start)
     monkeypatch.setattr(work.ImageWork, "_decode", decode)
 
-    def recording(data: bytes, name: str, spec: Any) -> Any:
+    def recording(data: bytes, name: str, spec: Any, plan: Any = None) -> Any:
         thread = threading.current_thread().name.rsplit("_", 1)[0]
         seen[thread] += 1
-        return real(data, name, spec)
+        return real(data, name, spec, plan)
 
     monkeypatch.setattr(work, "prepare_image", recording)
     path = recipe(tmp_path, body=sources(0.5, 0.5, 0.0))
@@ -192,6 +192,46 @@ def test_workers_decode_images_in_a_pool_and_close_it(tmp_path, monkeypatch):
     # queued at close may not have run)
     assert 0 < count["decoded"] <= count["started"], count
     assert not [t for t in threading.enumerate() if t.name.startswith("zephon-decode")]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_each_image_header_is_parsed_once(tmp_path, monkeypatch, workers):
+    """The decode uses the opened image its read-time plan kept: Pillow opens each
+    image once, not once for the header and again to decode it."""
+    import sys
+    from collections import Counter
+
+    from zephon.images import canary, header, prepare
+
+    decode = sys.modules["zephon.images.decode"]  # the package exports a function of that name
+
+    count: Counter[str] = Counter()
+    real_open, real_plan, real_prepare = header.open_image, work.plan_image, work.prepare_image
+
+    def opening(data: bytes, name: str, limit: int) -> Any:
+        if not name.startswith(str(canary.CANARY_DIR)):  # the loader's own check, at start
+            count["opened"] += 1
+        return real_open(data, name, limit)
+
+    def planning(*args: Any, **kwargs: Any) -> Any:
+        count["planned"] += 1
+        return real_plan(*args, **kwargs)
+
+    def preparing(*args: Any, **kwargs: Any) -> Any:
+        count["decoded"] += 1
+        return real_prepare(*args, **kwargs)
+
+    for module in (prepare, decode):  # where images are opened
+        monkeypatch.setattr(module, "open_image", opening)
+    monkeypatch.setattr(work, "plan_image", planning)
+    monkeypatch.setattr(work, "prepare_image", preparing)
+    path = recipe(tmp_path, body=sources(0.5, 0.5, 0.0))
+    (loader,) = ranks(path, 1, num_workers=workers, prefetch=2 if workers else 0)
+    for _ in range(8):
+        loader.next_batch()
+    loader.close()
+    assert count["decoded"] > 20, count
+    assert count["opened"] == count["planned"], count
 
 
 @pytest.mark.parametrize("algorithm", ["concat", "best_fit"])

@@ -35,7 +35,7 @@ import numpy as np
 from PIL import Image, ImageFile
 
 from zephon.errors import ImageError
-from zephon.images.header import open_image
+from zephon.images.header import ImageHeader, open_image
 from zephon.recipe import ImageSpec
 
 # EXIF orientation -> the transposition that displays the stored image.
@@ -79,8 +79,14 @@ def _to_rgb(im: Image.Image, background: tuple[int, int, int]) -> Image.Image:
     return im if im.mode == "RGB" else im.convert("RGB")
 
 
-def decode_image(data: bytes, name: str, spec: ImageSpec) -> Image.Image:
+def decode_image(
+    data: bytes,
+    name: str,
+    spec: ImageSpec,
+    opened: tuple[Image.Image, ImageHeader] | None = None,
+) -> Image.Image:
     """The image as a Pillow RGB image, by the rules above (what prepare.py resizes).
+    `opened`: `open_image(data, name, ...)` already made (not decoded yet).
 
     Raises ImageError naming `name` for anything that is not a decodable image
     within the limit: empty, not an image, truncated or corrupt data, too many pixels.
@@ -91,7 +97,7 @@ def decode_image(data: bytes, name: str, spec: ImageSpec) -> Image.Image:
             f"{name}: PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set in this process; "
             "Zephon decodes only complete images (set it back to False)"
         )
-    im, header = open_image(data, name, spec.max_decoded_pixels)
+    im, header = opened if opened is not None else open_image(data, name, spec.max_decoded_pixels)
     try:
         im.load()
         im = _to_rgb(im, spec.background)

@@ -150,7 +150,8 @@ class ImageWork:
                 chars += len(seg.text)
             elif error is None:
                 try:
-                    plans.append(plan_image(seg.data, seg.name, self.spec))
+                    # kept open for the decode (prepare.py): a header is parsed once
+                    plans.append(plan_image(seg.data, seg.name, self.spec, keep_open=True))
                 except ImageError as exc:
                     error = exc
         return PlannedDoc(
@@ -202,12 +203,13 @@ class ImageWork:
         clock = self.profile.here("zephon-decode") if self.profile is not None else NULL_CLOCK
         left = clock.switch(IMAGE)
         out = []
+        plans = iter(planned.plans)  # one per image, in order (no bad header: decodable)
         try:
             for seg in doc.segments:
                 if isinstance(seg, TextSegment):
                     continue
                 try:
-                    patches = prepare_image(seg.data, seg.name, self.spec)
+                    patches = prepare_image(seg.data, seg.name, self.spec, next(plans))
                 except ImageError as exc:
                     return exc
                 out.append((patches, image_digest(patches.grid, patches.patches)))
