@@ -378,25 +378,6 @@ def test_recipe_image_fields(tmp_path: Path) -> None:
             load_recipe(_recipe(tmp_path, source))
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Any:
-    pytest.importorskip("s3fs")
-    pytest.importorskip("moto.server")
-    from s3_server import CREDENTIALS, start_moto
-
-    saved = {k: os.environ.get(k) for k in CREDENTIALS}
-    os.environ.update(CREDENTIALS)
-    server = start_moto()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
 def test_webdataset_on_s3_reads_headers_by_ranges(
     moto_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -70,12 +70,13 @@ class Phase:
     def steps(self) -> int | None:
         return None if self.end_step is None else self.end_step - self.start_step
 
-    def identity(self, recipe: Recipe) -> str:
+    def identity(self, recipe: Recipe, paths: bool = False) -> str:
         """The phase's identity digest: the recipe's data identity with this phase's
         lanes and active sources at its weights. A first phase equal to a recipe
         without phases has that recipe's digest, so adding phases to a running
-        job's recipe keeps its checkpoints valid."""
-        blob = recipe.data_identity(self.lanes, self.weights_by_name)
+        job's recipe keeps its checkpoints valid. `paths`: over source paths
+        relative to the recipe folder, as states of version 2 and older recorded."""
+        blob = recipe.data_identity(self.lanes, self.weights_by_name, paths)
         return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
 
