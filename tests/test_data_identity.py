@@ -24,7 +24,8 @@ import pytest
 from conftest import COMMITTED_TOKENIZER, synthetic_docs, write_jsonl
 from zephon_helpers import close, make_ranks, save, step_digests
 
-from zephon import StateError
+from zephon import LayoutError, StateError, load_recipe
+from zephon.phases import resolve_schedule
 from zephon.sources.content import BLOCK, block_difference, file_fingerprint, source_fingerprints
 from zephon.sources.storage import LocalObject
 
@@ -281,7 +282,7 @@ def test_an_s3_corpus_and_its_local_mirror_are_the_same_data(
     close(loaders)
 
 
-# -- messages that tell the truth ------------------------------------------
+# -- three messages that tell the truth ------------------------------------------
 
 
 def _edited(saved: dict[str, Any], tmp_path: Path, old: str, new: str) -> Path:
@@ -326,6 +327,85 @@ def test_a_moved_phase_boundary_is_named_as_moved(saved, tmp_path):
         "phase 'anneal' (from step 6) had started by the checkpoint's step 7; its start step "
         "moved from 6 to 8"
     ) in msg, msg
+
+
+def test_a_phase_lane_count_below_dp_names_the_phase_setting(saved):
+    """D above a phase's lane count: the hint names the [[phase]] `lanes` that sets
+    it (or keeps it), not [recipe] lanes; the loader's and trainer's check too."""
+    schedule = resolve_schedule(load_recipe(saved["recipe"]), 32, 8)
+    phases = {p.name: p for p in schedule.phases}
+    hints = {}
+    for name in ("warmup", "anneal", "final"):
+        with pytest.raises(LayoutError) as info:
+            schedule.layout_of(phases[name], 16)
+        hints[name] = str(info.value).split("; ")[-1]
+    assert hints == {
+        "warmup": "raise [recipe] lanes to a multiple of 16",
+        "anneal": "raise `lanes` of [[phase]] 'anneal' to a multiple of 16",
+        "final": "raise `lanes` of [[phase]] 'anneal' (phase 'final' keeps its count) "
+        "to a multiple of 16",
+    }
+    with pytest.raises(LayoutError, match=r"^phase 'anneal' \(from step 6\): data-parallel "):
+        schedule.layouts(16, from_step=STATE_STEP)
+
+
+IMAGE_RECIPE = """[recipe]
+lanes = 2
+bad_records = "{bad}"
+[image]
+patch_size = 8
+merge = 2
+max_pixels = 16384
+[[source]]
+name = "p"
+path = "a.parquet"
+image_field = "im"
+text_field = "t"
+[[phase]]
+name = "warmup"
+start_step = 0
+seq_len = 128
+[[phase]]
+name = "short"
+start_step = 3
+seq_len = 32
+[[phase]]
+name = "exact"
+start_step = 6
+seq_len = 65
+"""
+
+
+def test_validate_checks_every_phase_row_against_the_largest_image(tmp_path, capsys):
+    """max_pixels 16384 in 16 x 16 windows: 64 placeholder tokens + start and end =
+    66 tokens, a row of seq_len 65 exactly. validate names the phase that is too
+    short and fails (bad_records = "error"); with "drop" it says so and passes."""
+    pytest.importorskip("PIL")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from image_helpers import jpeg
+
+    from zephon.cli import main
+
+    pq.write_table(pa.table({"im": [jpeg(8, 8)], "t": ["x"]}), tmp_path / "a.parquet")
+    recipe = tmp_path / "img.toml"
+    line = (
+        "images    phase 'short' (from step 3): seq_len 32 is too short for the largest "
+        "image [image] allows: 64 placeholder tokens (max_pixels 16384, one per 16 x 16 "
+        "pixels) + start and end = 66 tokens, which need seq_len >= 65; raise the seq_len, "
+        "or lower [image] max_pixels to at most 7936"
+    )
+    recipe.write_text(IMAGE_RECIPE.format(bad="error"))
+    assert main(["validate", str(recipe), "--global-batch", "4"]) == 2
+    out = capsys.readouterr()
+    assert [s for s in out.out.splitlines() if s.startswith("images")] == [line]
+    assert "1 phase(s) cannot hold the largest image" in out.err and out.out[-3:] != "ok\n"
+    recipe.write_text(IMAGE_RECIPE.format(bad="drop"))
+    assert main(["validate", str(recipe), "--global-batch", "4"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [s for s in out if s.startswith("images")] == [
+        line + '; bad_records = "drop": such images are left out'
+    ]
 
 
 if __name__ == "__main__" and "--write" in sys.argv:

@@ -426,7 +426,8 @@ def test_validate_describes_image_sources(tmp_path: Path, capsys: pytest.Capture
         f'[[source]]\nname = "p"\npath = "a.parquet"\nimage_field = "im"\ntext_field = "t"\n',
         "[recipe]\nlanes = 2\n",
     )
-    assert main(["validate", str(recipe)]) == 0
+    # seq_len 1025: a row holds the largest image the default [image] allows (1026 tokens)
+    assert main(["validate", str(recipe), "--seq-len", "1025"]) == 0
     out = capsys.readouterr().out
     assert "s: webdataset, 2 file(s), 5 docs, image member png with text from txt or json" in out
     assert "p: parquet, 1 file(s), 1 docs, image 'im' with text 't'" in out

@@ -207,6 +207,12 @@ class ImageSpec:
         """Side in pixels of one merge window: both sides of a resized image are multiples."""
         return self.patch_size * self.merge
 
+    @property
+    def largest_image_tokens(self) -> int:
+        """Placeholder tokens of the largest image `max_pixels` allows (one per merge
+        window; a long thin image reaches it exactly, zephon/images/resize.py)."""
+        return self.max_pixels // (self.window * self.window)
+
 
 @dataclass(frozen=True)
 class TokenizerSpec:
