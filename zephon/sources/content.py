@@ -23,6 +23,7 @@ from typing import Any
 
 import xxhash
 
+from zephon.errors import DataError
 from zephon.files import atomic_write
 from zephon.sources.cache import build_once, cache_key
 from zephon.sources.storage import ByteObject
@@ -45,8 +46,11 @@ def file_fingerprint(obj: ByteObject) -> FileFingerprint:
     hashes = []
     for offset, n in sampled_blocks(obj.size):
         data = obj.sample(offset, n)
-        if len(data) != n:  # the file changed while we read it
-            raise OSError(f"{obj.url}: read {len(data)} of {n} bytes at {offset}")
+        if len(data) != n:  # the file shrank since it was opened
+            raise DataError(
+                f"{obj.url}: read {len(data)} of {n} bytes at {offset}: the file changed "
+                "while the loader started"
+            )
         hashes.append(xxhash.xxh3_64_hexdigest(data))
     return [obj.size, hashes]
 
