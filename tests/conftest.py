@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,24 @@ def zephon_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, di
     dump = tmp_path_factory.mktemp("ref4")
     ok(torchrun(4, dump))
     return dump, metrics(dump)
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """One moto S3 server for the session (tests/s3_server.py), with test credentials
+    in the environment while it runs; each test module uses its own bucket."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    from s3_server import CREDENTIALS, start_moto
+
+    saved = {k: os.environ.get(k) for k in CREDENTIALS}
+    os.environ.update(CREDENTIALS)
+    server = start_moto()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

@@ -378,25 +378,6 @@ def test_recipe_image_fields(tmp_path: Path) -> None:
             load_recipe(_recipe(tmp_path, source))
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Any:
-    pytest.importorskip("s3fs")
-    pytest.importorskip("moto.server")
-    from s3_server import CREDENTIALS, start_moto
-
-    saved = {k: os.environ.get(k) for k in CREDENTIALS}
-    os.environ.update(CREDENTIALS)
-    server = start_moto()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
 def test_webdataset_on_s3_reads_headers_by_ranges(
     moto_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -445,7 +426,8 @@ def test_validate_describes_image_sources(tmp_path: Path, capsys: pytest.Capture
         f'[[source]]\nname = "p"\npath = "a.parquet"\nimage_field = "im"\ntext_field = "t"\n',
         "[recipe]\nlanes = 2\n",
     )
-    assert main(["validate", str(recipe)]) == 0
+    # seq_len 1025: a row holds the largest image the default [image] allows (1026 tokens)
+    assert main(["validate", str(recipe), "--seq-len", "1025"]) == 0
     out = capsys.readouterr().out
     assert "s: webdataset, 2 file(s), 5 docs, image member png with text from txt or json" in out
     assert "p: parquet, 1 file(s), 1 docs, image 'im' with text 't'" in out

@@ -608,8 +608,8 @@ def test_resume_after_the_data_changed_names_sources(
     ("edit", "expected"),
     [
         ({"format": "torch.pickle"}, "not a Zephon loader state (expected format"),
-        ({"version": 3}, "state version 3; this Zephon reads versions 1, 2"),
-        ({"version": None}, "state version None; this Zephon reads versions 1, 2"),
+        ({"version": 4}, "state version 4; this Zephon reads versions 1, 2, 3"),
+        ({"version": None}, "state version None; this Zephon reads versions 1, 2, 3"),
         ({"lanes": DELETE}, "missing field 'lanes'"),
     ],
 )

@@ -87,7 +87,7 @@ def check_preview(out: list[str], recipe: Path, tokenizer_path: str, lane: int) 
 
 def check_inspect(out: list[str], path: Path, state: dict[str, Any]) -> None:
     size = path.stat().st_size
-    assert out[0] == f"{path}: zephon.loader_state v2, step 3"
+    assert out[0] == f"{path}: zephon.loader_state v3, step 3"
     assert out[1] == f"size {size} bytes, {size / 8:.0f} bytes per lane"
     assert out[2] == "fingerprint " + json.dumps(state["fingerprint"], sort_keys=True)
     assert len(out) == 3 + 8

@@ -7,8 +7,6 @@ requests with nothing lost or repeated."""
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import COMMITTED_TOKENIZER, synthetic_docs, write_jsonl
-from s3_server import CREDENTIALS, FaultyProxy, start_moto
+from s3_server import FaultyProxy
 from zephon_helpers import close, make_ranks, save, step_digests
 
 from zephon import DataError, StateError, load_recipe
@@ -60,17 +58,13 @@ def recipe_text(root: str, cache: Path, storage: str = "", workers: int = 0) -> 
 
 
 @pytest.fixture(scope="session")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """One moto server per session with a small corpus in four formats uploaded."""
+def s3(tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str) -> dict[str, Any]:
+    """The session's moto server with a small corpus in four formats uploaded."""
     import numpy as np
     import s3fs
     from tokenizers import Tokenizer
 
-    saved = {k: os.environ.get(k) for k in CREDENTIALS}
-    os.environ.update(CREDENTIALS)
-    server = start_moto()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
+    endpoint = moto_endpoint
     root = tmp_path_factory.mktemp("s3corpus")
     for sub in ("prose", "code", "table", "ids"):
         (root / "corpus" / sub).mkdir(parents=True)
@@ -90,13 +84,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     local = root / "local.toml"
     local.write_text(recipe_text(str(root / "corpus") + "/", root / "local-cache"))
     reference = step_digests(make_ranks(local, TOK, 1), STEPS)
-    yield {"endpoint": endpoint, "fs": fs, "root": root, "local": local, "reference": reference}
-    server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    return {"endpoint": endpoint, "fs": fs, "root": root, "local": local, "reference": reference}
 
 
 def s3_recipe(s3: dict[str, Any], tmp: Path, endpoint: str | None = None, **kw: Any) -> Path:

@@ -20,7 +20,7 @@ from zephon.digest import global_batch_digest
 from zephon.errors import LayoutError, ZephonError
 from zephon.layout import plan_layout
 from zephon.loader import ZephonLoader
-from zephon.phases import Schedule, resolve_schedule
+from zephon.phases import Schedule, images_too_long, resolve_schedule
 from zephon.recipe import Recipe, SourceSpec, load_recipe
 from zephon.shuffle import SourcePlan
 from zephon.sources import SourceReader
@@ -111,7 +111,9 @@ def _print_phases(
         )
         for d in sizes:
             try:
-                layout = plan_layout(p.lanes, d, p.global_batch_size, micro, max_idle_share)
+                layout = plan_layout(
+                    p.lanes, d, p.global_batch_size, micro, max_idle_share, p.lanes_setting
+                )
                 print(f"  dp={d}: {layout.describe()}")
                 if note := layout.imbalance():
                     print(f"    imbalance {note}")
@@ -183,9 +185,19 @@ def cmd_validate(a: argparse.Namespace) -> int:
         f"packing   {p.algorithm} flush_interval={p.flush_interval} rows"
         + (f" open_bins={p.open_bins}" if p.algorithm == "best_fit" else "")
     )
+    too_long = images_too_long(recipe, schedule)
+    drop = recipe.bad_records == "drop"
+    for line in too_long:
+        left_out = '; bad_records = "drop": such images are left out' if drop else ""
+        print(f"images    {line}{left_out}")
     if bad:
         raise LayoutError(
             f"{bad} phase and data-parallel size combination(s) do not fit (listed above)"
+        )
+    if too_long and not drop:
+        raise ZephonError(
+            f"{len(too_long)} phase(s) cannot hold the largest image [image] allows (listed "
+            'above): with bad_records = "error" training stops at the first image that large'
         )
     if a.scan:
         return _scan(recipe, tok.vocab_size, a.scan_workers)

@@ -129,11 +129,13 @@ def plan_layout(
     global_batch_size: int,
     micro_batch_size: int | None = None,
     max_idle_share: float = 1.0,
+    lanes_setting: str = "[recipe] lanes",
 ) -> Layout:
     """The layout of G rows over D ranks; raises LayoutError naming the numbers
     and what would work. `micro_batch_size` None means one micro-batch per step
     (of the largest rank's rows). `max_idle_share` refuses a layout whose padding
-    is a larger share of the rows run (1.0, the default, allows any)."""
+    is a larger share of the rows run (1.0, the default, allows any).
+    `lanes_setting`: where the lane count is set, for the hint (a phase's)."""
     if lanes < 1 or dp_size < 1 or global_batch_size < 1:
         raise LayoutError(
             f"lanes ({lanes}), data-parallel size ({dp_size}) and global batch size "
@@ -142,7 +144,7 @@ def plan_layout(
     if dp_size > lanes:
         raise LayoutError(
             f"data-parallel size {dp_size} exceeds the lane count {lanes}: every rank needs at "
-            f"least one lane; raise [recipe] lanes to a multiple of {dp_size}"
+            f"least one lane; raise {lanes_setting} to a multiple of {dp_size}"
         )
     if global_batch_size % lanes:
         raise LayoutError(

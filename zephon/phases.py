@@ -41,6 +41,8 @@ class Phase:
     start_step: steps done before its first batch; end_step: the next phase's
     start_step (None for the last). weights: per recipe source, in `[[source]]`
     order; 0 pauses the source (never picked, never read ahead, cursor kept).
+    lanes_from: the phase whose table sets the lane count (this one or an earlier
+    one it keeps it from); None: `[recipe] lanes`.
     """
 
     name: str | None
@@ -51,11 +53,21 @@ class Phase:
     lanes: int
     weights: tuple[float, ...]
     source_names: tuple[str, ...]
+    lanes_from: str | None = None
 
     @property
     def label(self) -> str:
         """How messages name the phase."""
         return f"phase '{self.name}'" if self.name is not None else "the recipe"
+
+    @property
+    def lanes_setting(self) -> str:
+        """Where the phase's lane count is set, in the recipe's words."""
+        if self.lanes_from is None:
+            return "[recipe] lanes"
+        if self.lanes_from == self.name:
+            return f"`lanes` of [[phase]] '{self.name}'"
+        return f"`lanes` of [[phase]] '{self.lanes_from}' (phase '{self.name}' keeps its count)"
 
     @property
     def weights_by_name(self) -> dict[str, float]:
@@ -70,12 +82,13 @@ class Phase:
     def steps(self) -> int | None:
         return None if self.end_step is None else self.end_step - self.start_step
 
-    def identity(self, recipe: Recipe) -> str:
+    def identity(self, recipe: Recipe, paths: bool = False) -> str:
         """The phase's identity digest: the recipe's data identity with this phase's
         lanes and active sources at its weights. A first phase equal to a recipe
         without phases has that recipe's digest, so adding phases to a running
-        job's recipe keeps its checkpoints valid."""
-        blob = recipe.data_identity(self.lanes, self.weights_by_name)
+        job's recipe keeps its checkpoints valid. `paths`: over source paths
+        relative to the recipe folder, as states of version 2 and older recorded."""
+        blob = recipe.data_identity(self.lanes, self.weights_by_name, paths)
         return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
 
@@ -253,7 +266,9 @@ class Schedule:
                         f"rows of seq_len {p.seq_len}"
                     )
                 micro = micro_batch_tokens // p.seq_len
-            return plan_layout(p.lanes, dp_size, p.global_batch_size, micro, max_idle_share)
+            return plan_layout(
+                p.lanes, dp_size, p.global_batch_size, micro, max_idle_share, p.lanes_setting
+            )
         except LayoutError as exc:
             if p.name is None:
                 raise
@@ -315,14 +330,43 @@ def resolve_schedule(
             )
     phases: list[Phase] = []
     gbs, seq, lanes, weights = global_batch_size, seq_len, recipe.lanes, base
+    lanes_from: str | None = None
     specs = recipe.phases
     for i, spec in enumerate(specs):
         gbs = spec.global_batch_size or gbs
         seq = spec.seq_len or seq
-        lanes = spec.lanes or lanes
+        if spec.lanes:
+            lanes, lanes_from = spec.lanes, spec.name
         if spec.weights is not None:
             given = dict(spec.weights)
             weights = tuple(given.get(n, 0.0) for n in names)
         end = specs[i + 1].start_step if i + 1 < len(specs) else None
-        phases.append(Phase(spec.name, spec.start_step, end, gbs, seq, lanes, weights, names))
+        phases.append(
+            Phase(spec.name, spec.start_step, end, gbs, seq, lanes, weights, names, lanes_from)
+        )
     return Schedule(tuple(phases), named=True)
+
+
+def images_too_long(recipe: Recipe, schedule: Schedule) -> list[str]:
+    """Each phase whose rows cannot hold the largest image `[image]` allows (its
+    placeholder tokens plus start and end; an image is never split across rows),
+    naming the phase, its seq_len and the tokens needed. Empty for text recipes."""
+    if not any(s.multimodal for s in recipe.sources):
+        return []
+    image = recipe.image
+    placeholders = image.largest_image_tokens
+    needed = placeholders + 2
+    out = []
+    for p in schedule.phases:
+        if needed <= p.seq_len + 1:  # a row holds seq_len + 1 tokens
+            continue
+        where = f"{p.label} (from step {p.start_step})" if p.name is not None else p.label
+        fits = max(p.seq_len - 1, 1) * image.window * image.window
+        out.append(
+            f"{where}: seq_len {p.seq_len} is too short for the largest image [image] "
+            f"allows: {placeholders} placeholder tokens (max_pixels {image.max_pixels}, one "
+            f"per {image.window} x {image.window} pixels) + start and end = {needed} tokens, "
+            f"which need seq_len >= {needed - 1}; raise the seq_len, or lower [image] "
+            f"max_pixels to at most {fits}"
+        )
+    return out

@@ -207,6 +207,12 @@ class ImageSpec:
         """Side in pixels of one merge window: both sides of a resized image are multiples."""
         return self.patch_size * self.merge
 
+    @property
+    def largest_image_tokens(self) -> int:
+        """Placeholder tokens of the largest image `max_pixels` allows (one per merge
+        window; a long thin image reaches it exactly, zephon/images/resize.py)."""
+        return self.max_pixels // (self.window * self.window)
+
 
 @dataclass(frozen=True)
 class TokenizerSpec:
@@ -262,16 +268,23 @@ class Recipe:
     """The `[[phase]]` tables in step order; empty: the recipe is one phase."""
 
     def data_identity(
-        self, lanes: int | None = None, weights: dict[str, float] | None = None
+        self,
+        lanes: int | None = None,
+        weights: dict[str, float] | None = None,
+        paths: bool = False,
     ) -> dict[str, Any]:
         """Everything in the recipe that decides the data (execution knobs excluded),
-        by the field rule of `identity_of`.
+        by the field rule of `identity_of`. `lanes` and `weights` give one phase's
+        identity (zephon/phases.py): only its active sources, with its weights, so a
+        first phase equal to a recipe without phases has that recipe's identity.
 
-        Paths are recorded relative to the recipe folder so that moving the
-        recipe together with its data keeps the identity. `lanes` and `weights`
-        give one phase's identity (zephon/phases.py): only its active sources,
-        with its weights, so a first phase equal to a recipe without phases has
-        that recipe's identity.
+        Where the files are is not part of it: their content is, as each file's
+        size and sampled blocks (zephon/sources/content.py), which the checkpoint
+        records beside this digest, so the same data reached by another path (a
+        copied recipe, a moved corpus, a bucket mirrored to disk) is the same
+        data (docs/design.md §11). `paths` gives the identity that loader states
+        of version 2 and older recorded instead: the source paths, relative to
+        the recipe folder (URLs as they are).
         """
         base = os.path.dirname(self.path)
         sources = []
@@ -281,7 +294,10 @@ class Recipe:
                     continue  # paused in this phase: not part of its data
                 s = replace(s, weight=weights[s.name])
             d = identity_of(s)
-            d["paths"] = [p if _is_url(p) else os.path.relpath(p, base) for p in s.paths]
+            if paths:
+                d["paths"] = [p if _is_url(p) else os.path.relpath(p, base) for p in s.paths]
+            else:
+                del d["paths"]
             sources.append(d)
         identity = {
             "seed": self.seed,
@@ -297,10 +313,12 @@ class Recipe:
             identity["image"] = identity_of(self.image)
         return identity
 
-    def digest(self) -> str:
+    def digest(self, paths: bool = False) -> str:
         """The recipe's identity; with phases, their tables too (each phase's own
-        identity, which a checkpoint records, is zephon/phases.py's)."""
-        identity = self.data_identity()
+        identity, which a checkpoint records, is zephon/phases.py's). `paths`: the
+        digest over source paths relative to the recipe folder that loader states
+        of version 2 and older (and the hf baseline's states) record."""
+        identity = self.data_identity(paths=paths)
         if self.phases:  # absent without phases: old digests stay valid
             identity["phases"] = [asdict(p) for p in self.phases]
         blob = json.dumps(identity, sort_keys=True).encode()

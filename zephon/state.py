@@ -10,7 +10,14 @@ removed (docs/design.md, "Phases").
 Version 2 (phases) keys the mixer counts by source name, may carry the
 documents a phase boundary cut (`carry`), the lane-count changes still in use
 (`deals`), the step where the lanes' segment started and their count.
-Version 1 documents are read by `upgrade`.
+Version 3 identifies the data by content, not by path: its recipe and phase
+digests leave the source paths out, and `files` holds each source file's size
+and sampled-block hashes (zephon/sources/content.py), so the same files reached
+by another path resume and a changed file is refused by name. It also lists
+the phases not started yet (`later_phases`), to explain a moved boundary.
+Versions 1 and 2 are read by `upgrade` and their fingerprints checked as they
+were written: digests over paths relative to the recipe folder
+(docs/design.md §11).
 
 A recipe with image sources adds the decode canary (zephon/images/canary.py)
 to the fingerprint, and a resume whose canary differs is refused naming both
@@ -24,10 +31,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from zephon.errors import StateError
+from zephon.sources.content import block_difference
 
 STATE_FORMAT = "zephon.loader_state"
-STATE_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+STATE_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 
 # Checked in this order so the error names the most specific change first.
 FINGERPRINT_FIELDS = (
@@ -38,6 +46,7 @@ FINGERPRINT_FIELDS = (
     "tokenizer",
     "tokenizer_choices",  # absent (None) unless the special tokens were configured
     "sources",
+    "files",  # content fingerprints of each source's files (version 3)
     "remote",  # ETag (or size and mtime) of each remote file; absent for local data
     "recipe",
 )
@@ -53,17 +62,20 @@ PHASE_FIELDS = (
     "sources",
     "recipe",
 )
-GLOBAL_FIELDS = ("seed", "tokenizer", "tokenizer_choices", "remote")
+GLOBAL_FIELDS = ("seed", "tokenizer", "tokenizer_choices", "files", "remote")
 
 
 def make_fingerprint(
-    recipe: Any, readers: Sequence[Any], tok: Any, schedule: Any
+    recipe: Any, readers: Sequence[Any], tok: Any, schedule: Any, legacy: bool = False
 ) -> dict[str, Any]:
     """Everything that defines a run's data, for the state (see FINGERPRINT_FIELDS).
 
-    A recipe without phases gets exactly the fields it always had; one with
-    phases gets an entry per phase (`phases`) instead of the recipe digest,
-    sources, seq_len, global batch size and lanes."""
+    A recipe without phases gets the recipe digest, sources, seq_len, global
+    batch size and lanes; one with phases gets an entry per phase (`phases`)
+    instead. Digests leave the paths out and `files` holds the files' content
+    fingerprints; `legacy`: the fingerprint a version 2 state of this run would
+    hold instead (digests over paths relative to the recipe folder, no `files`),
+    to check such a state against."""
     counts = {s.name: r.num_docs for s, r in zip(recipe.sources, readers, strict=True)}
     fingerprint: dict[str, Any] = {
         "tokenizer": tok.fingerprint,
@@ -81,19 +93,27 @@ def make_fingerprint(
                 "lanes": p.lanes,
                 "weights": p.weights_by_name,
                 "sources": {n: counts[n] for n in p.weights_by_name},
-                "recipe": p.identity(recipe),
+                "recipe": p.identity(recipe, paths=legacy),
             }
             for p in schedule.phases
         ]
     else:
         (only,) = schedule.phases
         fingerprint.update(
-            recipe=recipe.digest(),
+            recipe=recipe.digest(paths=legacy),
             sources=counts,
             seq_len=only.seq_len,
             global_batch_size=only.global_batch_size,
             lanes=recipe.lanes,
         )
+    if legacy:  # never saved: for the message when such a state is refused
+        fingerprint["relative_paths"] = {
+            s["name"]: s["paths"] for s in recipe.data_identity(paths=True)["sources"]
+        }
+    else:
+        fingerprint["files"] = {
+            s.name: r.content_fingerprints() for s, r in zip(recipe.sources, readers, strict=True)
+        }
     remote = {u: v for r in readers for u, v in r.remote_versions().items()}
     if remote:  # only for remote sources, so local fingerprints stay as they were
         fingerprint["remote"] = remote
@@ -138,6 +158,9 @@ def rank_state(
         starting = [p.name for p in schedule.phases if p.start_step == step and step > 0]
         if starting:
             state["boundary_of"] = starting[0]
+        later = [[p.name, p.start_step] for p in schedule.phases if p.start_step >= step]
+        if later:  # not checked: names a phase whose boundary moved before `step`
+            state["later_phases"] = later
     return state
 
 
@@ -164,8 +187,12 @@ def boundary_of(state: dict[str, Any]) -> str | None:
 
 
 def upgrade(state: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
-    """A version 1 state as version 2: mixer counts by source name (`names`: the
-    recipe's sources the version 1 run mixed, in its order)."""
+    """An older state as the current version. Version 1: mixer counts by source
+    name (`names`: the recipe's sources the version 1 run mixed, in its order).
+    Version 2 has the current layout; its fingerprint (no `files`) is checked as
+    it was written (`check_fingerprint`)."""
+    if state.get("version") == 2:
+        return {**state, "version": STATE_VERSION}
     if state.get("version") != 1:
         return state
     lanes = {}
@@ -205,34 +232,60 @@ def _shown(field: str, value: Any) -> Any:
 
 
 def check_fingerprint(
-    saved: dict[str, Any], current: dict[str, Any], step: int | None = None
+    saved: dict[str, Any],
+    current: dict[str, Any],
+    step: int | None = None,
+    later: Sequence[Sequence[Any]] | None = None,
+    files: dict[str, list[str]] | None = None,
 ) -> None:
     """Refuse a resume whose data-defining settings changed, naming each field.
 
     With phases, `saved` holds the phases that had produced a batch by the
     checkpoint's `step`: exactly those must be this run's phases starting before
-    `step`, unchanged (naming the phase and the field); later ones are free. A
-    decode canary that differs is refused first, with its own message."""
+    `step`, unchanged (naming the phase and the field); later ones are free
+    (`later`: the state's phases not started, [name, start_step], to name a
+    moved boundary). A decode canary that differs is refused first, with its
+    own message.
+
+    A fingerprint with `files` (version 3) is checked by content: each file of
+    the sources it used must have the same size and sampled blocks (`files`:
+    this run's file names by source, for the message); a remote object reached
+    by the same URL must also keep its ETag. One without (version 2 and older)
+    is checked as written: `current` must then be this run's legacy fingerprint
+    (make_fingerprint(..., legacy=True)), digests over relative paths."""
     if "decode_canary" in saved and "decode_canary" in current:
         from zephon.images.canary import canary_mismatch
 
         mismatch = canary_mismatch(saved["decode_canary"], current["decode_canary"])
         if mismatch is not None:
             raise StateError(f"cannot resume: {mismatch}")
+    by_content = "files" in saved
     changed = []
     if "phases" not in saved and "phases" not in current:
         fields: Sequence[str] = FINGERPRINT_FIELDS
     else:
         fields = GLOBAL_FIELDS
+    # The sources the checkpoint's batches came from: its started phases' (a recipe
+    # without phases lists no weights: all of them).
+    used = sorted(
+        {n for p in phases_of(saved) for n in (p.get("weights") or saved.get("files", {}))}
+    )
     for field in fields:
         old, new = saved.get(field), current.get(field)
-        if old != new:
+        if field == "files":
+            if by_content:
+                changed += _file_changes(old, new or {}, used, files or {})
+        elif field == "remote" and by_content:
+            changed += _remote_changes(old or {}, new or {})
+        elif old != new:
             changed.append(
                 f"{field}: checkpoint has {_shown(field, old)}, this run has {_shown(field, new)}"
             )
     if fields is GLOBAL_FIELDS:
-        changed += _phase_changes(phases_of(saved), phases_of(current), step)
+        changed += _phase_changes(phases_of(saved), phases_of(current), step, later)
     if changed:
+        if not by_content and any("recipe: checkpoint has" in c for c in changed):
+            changed.append(_legacy_note(current.get("relative_paths")))
         raise StateError(
             "cannot resume: settings that define the data changed since the checkpoint "
             "(resuming would silently train on different batches):\n  "
@@ -241,15 +294,63 @@ def check_fingerprint(
         )
 
 
+def _file_changes(
+    saved: dict[str, Any], current: dict[str, Any], used: Sequence[str], names: dict[str, list[str]]
+) -> list[str]:
+    """Each file of the sources `used` whose size or sampled blocks differ, by name."""
+    out = []
+    for source in used:
+        old, new = saved.get(source), current.get(source)
+        if old is None or new is None:
+            continue  # a source renamed or removed: the phases' fields name it
+        if len(old) != len(new):
+            out.append(
+                f"source '{source}': checkpoint has {len(old)} file(s), this run has {len(new)}"
+            )
+            continue
+        for i, (a, b) in enumerate(zip(old, new, strict=True)):
+            why = block_difference(a, b)
+            if why is not None:
+                shown = names.get(source, [])
+                where = f", {shown[i]}" if i < len(shown) else ""
+                out.append(f"source '{source}': file {i + 1} of {len(new)}{where}: {why}")
+    return out
+
+
+def _remote_changes(saved: dict[str, str], current: dict[str, str]) -> list[str]:
+    """Objects reached by the same URL whose version (ETag...) changed. A URL in
+    only one run is another path to data whose content `files` checks."""
+    old = {u: v for u, v in saved.items() if u in current and current[u] != v}
+    if not old:
+        return []
+    return [f"remote: checkpoint has {old}, this run has { {u: current[u] for u in old} }"]
+
+
+def _legacy_note(paths: dict[str, list[str]] | None) -> str:
+    where = "; ".join(f"{n}: {', '.join(p)}" for n, p in (paths or {}).items())
+    return (
+        "this checkpoint was written by an older Zephon (loader state version 2 or "
+        "older), whose recipe digests include each source's paths relative to the recipe "
+        f"folder ({where or 'see the recipe'}): a copied recipe or moved data changes "
+        "them. Resume once with the recipe and its data where they were relative to each "
+        "other; checkpoints written after that identify the data by content, wherever it is."
+    )
+
+
 def _phase_changes(
-    saved: list[dict[str, Any]], current: list[dict[str, Any]], step: int | None
+    saved: list[dict[str, Any]],
+    current: list[dict[str, Any]],
+    step: int | None,
+    later: Sequence[Sequence[Any]] | None = None,
 ) -> list[str]:
     """Each started phase matched by name (or, renamed, by its start step) with
-    this run's phase, and the fields that differ; phases started in only one."""
+    this run's phase, and the fields that differ; phases started in only one
+    (`later`: the checkpoint's phases not started by then, to say a boundary moved)."""
     now = current[: len(saved)] if step is None else [p for p in current if p["start_step"] < step]
     names = {p["name"] for p in saved}
     by_name = {p["name"]: p for p in now if p["name"] is not None}
     spare = [p for p in now if p["name"] not in names]
+    starts = {p["name"]: p["start_step"] for p in current if p["name"] is not None}
     out = []
     for old in saved:
         name = old["name"] if old["name"] is not None else "(the recipe's only phase)"
@@ -259,9 +360,14 @@ def _phase_changes(
             if new is not None:
                 spare.remove(new)
         if new is None:
+            moved = (
+                f"its start step moved from {old['start_step']} to {starts[old['name']]}"
+                if old["name"] in starts
+                else "this run's recipe does not start it by then"
+            )
             out.append(
                 f"phase '{name}' (from step {old['start_step']}) had started by the "
-                f"checkpoint's step {step}; this run's recipe does not start it by then"
+                f"checkpoint's step {step}; {moved}"
             )
             continue
         diffs: list[str] = []
@@ -275,11 +381,28 @@ def _phase_changes(
                     f"this run has {_shown(field, b)}"
                 )
         out += diffs
+    planned = {n: int(at) for n, at in later} if later is not None else None
     for extra in spare:
-        out.append(
+        head = (
             f"phase '{extra['name']}' starts at step {extra['start_step']}, before the "
-            f"checkpoint's step {step}, but the checkpoint's run had no such phase"
+            f"checkpoint's step {step}"
         )
+        if planned is not None and extra["name"] in planned:
+            out.append(
+                f"{head}, but the checkpoint's run had it start at step "
+                f"{planned[extra['name']]}: its start step moved from "
+                f"{planned[extra['name']]} to {extra['start_step']}, which a resume past "
+                f"step {extra['start_step']} cannot accept (the checkpoint's batches after it "
+                f"were not the phase's); start it at step {step} or later"
+            )
+        elif planned is not None:
+            out.append(f"{head}, but the checkpoint's run had no such phase")
+        else:  # a state of an older Zephon: it does not say which phases were to come
+            out.append(
+                f"{head}, but the checkpoint's run had not started it by then (it had no "
+                "such phase, or started it later: a moved start step cannot be accepted "
+                "once a resume is past it)"
+            )
     return out
 
 

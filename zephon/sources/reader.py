@@ -8,6 +8,7 @@ no cursor of their own: a lane's position is its own business (see lane.py).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -15,14 +16,16 @@ import numpy as np
 from zephon.errors import DataError
 from zephon.recipe import SourceSpec
 from zephon.sources.cache import default_cache_dir
+from zephon.sources.content import source_fingerprints
 from zephon.sources.spans import spans
-from zephon.sources.storage import ByteObject, is_remote, open_object
+from zephon.sources.storage import ByteObject, LocalObject, is_remote, open_object
 
 
 class SourceReader:
     def __init__(self, spec: SourceSpec, cache_dir: str | None = None):
         self.spec = spec
         cache = cache_dir or default_cache_dir()
+        self.cache_dir = cache
         storage = spec.storage_options
 
         def objects() -> list[ByteObject]:
@@ -77,6 +80,24 @@ class SourceReader:
         objs = list(self.objects) + [p.offsets.obj for p in self.parts if hasattr(p, "offsets")]
         return {o.url: str(o.identity()[1]) for o in objs if is_remote(o.url)}
 
+    def content_files(self) -> list[ByteObject]:
+        """Every file whose bytes define the source's documents, in order: its files
+        (a token array's offsets file after it), or a saved dataset's Arrow files."""
+        if self.objects:
+            out: list[ByteObject] = []
+            for obj, part in zip(self.objects, self.parts, strict=True):
+                out.append(obj)
+                if hasattr(part, "offsets"):
+                    out.append(part.offsets.obj)
+            return out
+        if self.spec.format == "hf_disk":
+            return [LocalObject(f) for folder in self.spec.paths for f in _arrow_files(folder)]
+        return [LocalObject(p) for p in self.spec.paths]
+
+    def content_fingerprints(self) -> list[Any]:
+        """Size and sampled-block hashes of each of `content_files` (content.py)."""
+        return source_fingerprints(self.content_files(), self.cache_dir)
+
     def read_range(self, start: int, end: int) -> list[Any]:
         """Values of documents [start, end), in file order."""
         out: list[Any] = []
@@ -105,3 +126,15 @@ class SourceReader:
         if hasattr(part, "read_docs"):
             return part.read_docs(local)
         return [part.read(i, i + 1)[0] for i in local]
+
+
+def _arrow_files(folder: str) -> list[str]:
+    """A saved dataset's data files (all its files if it has no Arrow file), sorted by
+    their path inside the folder."""
+    found = sorted(
+        os.path.relpath(os.path.join(root, n), folder)
+        for root, _, names in os.walk(folder)
+        for n in names
+    )
+    data = [f for f in found if f.endswith(".arrow")] or found
+    return [os.path.join(folder, f) for f in data]

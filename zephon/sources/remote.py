@@ -190,6 +190,11 @@ class RemoteObject:
         start = offset - (offset // CHUNK) * CHUNK
         return blob[start : start + (end - offset)]
 
+    def sample(self, offset: int, n: int) -> bytes:
+        """Bytes [offset, offset + n) by one ranged request, not through the piece
+        cache: a content fingerprint's blocks (content.py) are small and read once."""
+        return self.fetch(offset, min(offset + n, self.size))
+
     def open(self) -> io.BufferedReader:
         # Small buffer: Parquet footers and gzip seeks read little; big reads bypass it.
         return io.BufferedReader(_RangeFile(self), buffer_size=1 << 20)

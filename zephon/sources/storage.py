@@ -1,8 +1,8 @@
 """Byte access to one source file, local or remote, behind one small interface.
 
 Format readers see an object with a `url`, an `identity` (what the cache is
-keyed by and what a checkpoint fingerprint records), a `size`, `pread` for a
-byte range and `open` for a seekable binary file. A local path is read with
+keyed by), a `size`, `pread` for a byte range, `sample` for a small one-off
+range (read straight, never cached) and `open` for a seekable binary file. A local path is read with
 plain file calls; a URL (`s3://`, `gs://`, `hf://`...) goes through fsspec
 (see remote.py), so every format reads local and remote data the same way.
 """
@@ -22,6 +22,8 @@ class ByteObject(Protocol):
     def identity(self) -> tuple[Any, ...]: ...
 
     def pread(self, offset: int, n: int) -> bytes: ...
+
+    def sample(self, offset: int, n: int) -> bytes: ...
 
     def open(self) -> BinaryIO: ...
 
@@ -49,6 +51,10 @@ class LocalObject:
         with open(self.url, "rb") as f:
             f.seek(offset)
             return f.read(n)
+
+    def sample(self, offset: int, n: int) -> bytes:
+        """A small one-off read (content fingerprints, content.py)."""
+        return self.pread(offset, n)
 
     def open(self) -> BinaryIO:
         return open(self.url, "rb")

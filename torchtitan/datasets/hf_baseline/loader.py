@@ -123,7 +123,8 @@ class HFBaselineLoader:
 
     def _fingerprint(self) -> dict[str, Any]:
         return {
-            "recipe_digest": self.recipe.digest(),
+            # The baseline keeps the conventional identity: paths relative to the recipe.
+            "recipe_digest": self.recipe.digest(paths=True),
             "tokenizer": os.path.basename(self.tokenizer_path),
             "seq_len": self.seq_len,
             "global_batch_size": self.global_batch_size,
