@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,11 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
-from train_harness import data_digests, read_metrics
+from train_harness import data_digests, overrides, read_metrics
+from train_helpers import checkpoint_state, copy_checkpoint, state_differences
 
 from torchtitan.components.checkpoint import manifest
-from torchtitan.components.checkpoint.manager import CheckpointManager
+from torchtitan.components.checkpoint.manager import FAULT_ENV, CheckpointManager
 from torchtitan.components.divergence import DivergenceGuard, fold_loss_into_grads
 from torchtitan.config.job_config import Checkpoint, ConfigError, Parallelism, Training
 from torchtitan.distributed.mesh import ParallelDims, ParallelMesh
@@ -430,7 +432,7 @@ def test_an_uneven_elastic_job_goes_on_without_a_killed_agent_then_stops_on_ctrl
     pads its 4 rows to rank 1's 8. kill -9 of the second launcher: its rank exits by
     itself, the first agent re-forms the job on 1 process from the newest checkpoint,
     written by the padded layout, with the same batches; then Ctrl-C saves the current
-    step and exits 3."""
+    step, tensor for tensor the one a run without the stop saves there, and exits 3."""
     es = _scenarios()
     steps, interval, rows = 14, 2, 12
     recipe = _three_lane_recipe(tmp_path)
@@ -460,6 +462,30 @@ def test_an_uneven_elastic_job_goes_on_without_a_killed_agent_then_stops_on_ctrl
     result = run.finish(300)
     out = host.output()
     assert result["exit"][0] == 3 and result["orphans"] == 0, (result, out[-3000:])
+    # The step the stop saved holds that step's model, optimizer and schedule, tensor
+    # for tensor: those of the same job trained on, on one process, from its checkpoint
+    # before, and saved at that step by the regular path. The reference is one plain
+    # process (no launcher to start) and stops once those files are written (the
+    # crash hook): training on to the last step would cost a second a step.
+    steps_saved = manifest.marked_steps(str(run.dump / "checkpoint"))
+    saved, before = steps_saved[-1], steps_saved[-2]
+    assert f"preempted at step {saved} (" in out, out[-3000:]  # the stop wrote `saved`
+    ref = tmp_path / "reference"
+    copy_checkpoint(run.dump, before, ref)
+    fields = {**es.fi.BASE, **es.BASE, **extra, "checkpoint.interval": 1, "job.dump_folder": ref}
+    config = ["--job.config_file", str(REPO / "train_configs" / "llama3_debugmodel.toml")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", FAULT_ENV: str(saved)}
+    proc = subprocess.run([sys.executable, "-m", "torchtitan.train", *config, *overrides(fields)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    ref_out = proc.stdout + proc.stderr
+    assert proc.returncode == 17, ref_out[-3000:]
+    assert f"resumed from step {before} on 1 data-parallel rank(s)" in ref_out, ref_out[-3000:]
+    got, want = (checkpoint_state(d / "checkpoint" / f"step-{saved}") for d in (run.dump, ref))
+    assert sum(k.startswith("train.model.") for k in want) >= 10, sorted(want)
+    assert any(k.endswith(".exp_avg") for k in want) and want["train.train_state.step"] == saved
+    differ = state_differences(got, want)
+    assert [k for k in differ if k.startswith("train.model.")] == []
+    assert differ == []
     assert out.count("restarting the workers: rank") == 1
     assert run.formed()[-2:] == [2, 1]
     assert f"resumed from step {resumed} on 1 data-parallel rank(s)" in out
