@@ -10,23 +10,31 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import json
+import logging
 import multiprocessing
 import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from train_harness import data_digests, read_metrics
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from train_harness import data_digests, overrides, read_metrics
+from train_helpers import checkpoint_state, copy_checkpoint, state_differences
 
 from torchtitan.components.checkpoint import manifest
+from torchtitan.components.checkpoint.manager import FAULT_ENV, CheckpointManager
 from torchtitan.components.divergence import DivergenceGuard, fold_loss_into_grads
-from torchtitan.config.job_config import ConfigError, Parallelism
-from torchtitan.distributed.mesh import ParallelDims
+from torchtitan.config.job_config import Checkpoint, ConfigError, Parallelism, Training
+from torchtitan.distributed.mesh import ParallelDims, ParallelMesh
+from torchtitan.models import get_model_spec
+from torchtitan.models.llama3.args import get_model_args
 from torchtitan.runtime import agent, preemption
 from torchtitan.runtime.dump_lock import LOCK_FILE, DumpFolderLocked, DumpLock
 
@@ -85,6 +93,113 @@ def test_pruning_keeps_the_newest_finite_step(tmp_path):
     (tmp_path / "step-4" / manifest.COMPLETE_FILE).unlink()  # 4 gone: the legacy 2 is finite
     assert manifest.newest_finite(str(tmp_path)) == 2
     assert manifest.steps_to_prune(str(tmp_path), 1) == [6, 8]
+
+
+HANG_S = 120  # far above the few seconds a run takes: only mismatched collectives get here
+MESHES = {"fsdp2": 1, "tp": 2}  # tensor-parallel degree over the 2 processes
+
+
+def _poisoned_saves(rank: int, world: int, out: Path, tp: int, finite_first: bool) -> dict:
+    """The llama3 model sharded over `world` processes (FSDP2, or TP when `tp` is 2)
+    and a CheckpointManager over it in `out`: optionally one finite save (step 1),
+    then, for every parameter and every rank in turn, a NaN or inf at a random
+    element of that rank's local shard only, and a save of the next step."""
+    spec = get_model_spec("llama3")
+    args = get_model_args("debugmodel", vocab_size=64, dim=32, n_layers=3, n_heads=2,
+                          n_kv_heads=2, multiple_of=16, max_seq_len=32)  # fmt: skip
+    dims = ParallelDims.from_config(Parallelism(tensor_parallel_degree=tp), world)
+    with torch.device("meta"):
+        model = spec.build(args)
+    spec.parallelize(model, ParallelMesh(dims, "cpu"), Training(mixed_precision_param="float32"))
+    model.to_empty(device="cpu")
+    model.init_weights(torch.Generator().manual_seed(0))
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    ckpt = CheckpointManager(Checkpoint(), str(out), model, opt, sched)
+    loader_calls: list[int] = []
+
+    def loader_state(step: int) -> Any:
+        return lambda: loader_calls.append(step) or {"step": step}
+
+    saves = []
+    if finite_first:
+        saves.append({"param": "", "bad_rank": -1, "saved": ckpt.save(1, loader_state(1))})
+    gen = torch.Generator().manual_seed(1234)  # the same draws on every rank
+    step = 1
+    for name, p in model.named_parameters():
+        for bad_rank in range(world):
+            step += 1
+            with torch.no_grad():
+                local = p.to_local()  # a view of this rank's piece (a DTensor's local shard)
+                assert local.numel() > 0, name  # every rank holds a piece to poison
+                flat = int(torch.randint(local.numel(), (), generator=gen))
+                where = torch.unravel_index(torch.tensor(flat), local.shape)
+                kept = local[where].clone()
+                if rank == bad_rank:
+                    local[where] = float("nan") if step % 2 else float("inf")
+                saved = ckpt.save(step, loader_state(step))
+                local[where] = kept
+            saves.append({"param": name, "bad_rank": bad_rank, "saved": saved})
+    sharded = all(isinstance(p, DTensor) for p in model.parameters())
+    return {"saves": saves, "loader_calls": loader_calls, "sharded": sharded}
+
+
+def _refuse_rank(rank: int, world: int, init_file: str, out: str) -> None:
+    """One rank of the test below: both meshes in turn; what each save did, and the
+    log lines, go to rank{rank}.json."""
+    torch.set_num_threads(1)  # forked from pytest: never enter its OpenMP pool
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=30))  # fmt: skip
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("torchtitan").addHandler(handler)
+    try:
+        result = {}
+        for mesh, tp in MESHES.items():
+            result[mesh] = _poisoned_saves(rank, world, Path(out, mesh), tp, mesh == "fsdp2")
+            result[mesh]["log"], lines[:] = list(lines), []
+        Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_nonfinite_element_of_any_parameter_on_any_rank_refuses_the_save_on_every_rank(
+    tmp_path,
+):
+    """Whatever parameter holds it and whichever rank's shard (FSDP2 and TP over 2
+    processes): every rank refuses together (no step folder, no loader state taken,
+    a warning naming the step), while the same manager saves a finite model."""
+    world = 2
+    # fork: the children start with torch and the trainer imported.
+    ctx = torch.multiprocessing.start_processes(
+        _refuse_rank, args=(world, str(tmp_path / "init"), str(tmp_path)), nprocs=world,
+        join=False, start_method="fork",
+    )  # fmt: skip
+    deadline = time.monotonic() + HANG_S
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("the ranks hung: they did not take the same decision to save")
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    for mesh in MESHES:
+        mine = [r[mesh] for r in results]
+        assert all(m["sharded"] for m in mine), mine
+        saves = mine[0]["saves"]
+        assert all(m["saves"] == saves for m in mine), "the ranks decided differently"
+        finite, poisoned = (saves[:1], saves[1:]) if mesh == "fsdp2" else ([], saves)
+        assert all(s["saved"] for s in finite)
+        assert len(poisoned) >= 20 * world and {s["bad_rank"] for s in poisoned} == {0, 1}
+        assert [(s["param"], s["bad_rank"]) for s in poisoned if s["saved"]] == []
+        written = ["step-1"] if finite else []
+        folder = tmp_path / mesh / "checkpoint"
+        assert (sorted(os.listdir(folder)) if folder.is_dir() else []) == written
+        assert all(m["loader_calls"] == [1] * len(finite) for m in mine)
+        steps = range(2, 2 + len(poisoned))
+        refusals = [f"step {s}: parameters are not finite: checkpoint NOT written" for s in steps]
+        assert [ln for ln in mine[0]["log"] if "not finite" in ln] == refusals
+    assert (tmp_path / "fsdp2" / "checkpoint" / "step-1" / manifest.COMPLETE_FILE).is_file()
 
 
 # -- the stop-step agreement over the whole world ------------------------------------------
@@ -317,7 +432,7 @@ def test_an_uneven_elastic_job_goes_on_without_a_killed_agent_then_stops_on_ctrl
     pads its 4 rows to rank 1's 8. kill -9 of the second launcher: its rank exits by
     itself, the first agent re-forms the job on 1 process from the newest checkpoint,
     written by the padded layout, with the same batches; then Ctrl-C saves the current
-    step and exits 3."""
+    step, tensor for tensor the one a run without the stop saves there, and exits 3."""
     es = _scenarios()
     steps, interval, rows = 14, 2, 12
     recipe = _three_lane_recipe(tmp_path)
@@ -347,6 +462,30 @@ def test_an_uneven_elastic_job_goes_on_without_a_killed_agent_then_stops_on_ctrl
     result = run.finish(300)
     out = host.output()
     assert result["exit"][0] == 3 and result["orphans"] == 0, (result, out[-3000:])
+    # The step the stop saved holds that step's model, optimizer and schedule, tensor
+    # for tensor: those of the same job trained on, on one process, from its checkpoint
+    # before, and saved at that step by the regular path. The reference is one plain
+    # process (no launcher to start) and stops once those files are written (the
+    # crash hook): training on to the last step would cost a second a step.
+    steps_saved = manifest.marked_steps(str(run.dump / "checkpoint"))
+    saved, before = steps_saved[-1], steps_saved[-2]
+    assert f"preempted at step {saved} (" in out, out[-3000:]  # the stop wrote `saved`
+    ref = tmp_path / "reference"
+    copy_checkpoint(run.dump, before, ref)
+    fields = {**es.fi.BASE, **es.BASE, **extra, "checkpoint.interval": 1, "job.dump_folder": ref}
+    config = ["--job.config_file", str(REPO / "train_configs" / "llama3_debugmodel.toml")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", FAULT_ENV: str(saved)}
+    proc = subprocess.run([sys.executable, "-m", "torchtitan.train", *config, *overrides(fields)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    ref_out = proc.stdout + proc.stderr
+    assert proc.returncode == 17, ref_out[-3000:]
+    assert f"resumed from step {before} on 1 data-parallel rank(s)" in ref_out, ref_out[-3000:]
+    got, want = (checkpoint_state(d / "checkpoint" / f"step-{saved}") for d in (run.dump, ref))
+    assert sum(k.startswith("train.model.") for k in want) >= 10, sorted(want)
+    assert any(k.endswith(".exp_avg") for k in want) and want["train.train_state.step"] == saved
+    differ = state_differences(got, want)
+    assert [k for k in differ if k.startswith("train.model.")] == []
+    assert differ == []
     assert out.count("restarting the workers: rank") == 1
     assert run.formed()[-2:] == [2, 1]
     assert f"resumed from step {resumed} on 1 data-parallel rank(s)" in out

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 from pathlib import Path
+from typing import Any
 
+import torch
 from train_harness import (  # noqa: F401  (re-exported for the tests)
     copy_checkpoint,
     ensure_sample_data,
@@ -69,6 +72,46 @@ def ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[st
 
 
 metrics = read_metrics
+
+
+def checkpoint_state(step_dir: Path) -> dict[str, Any]:
+    """Everything a step folder's DCP files hold (model, optimizer, LR scheduler,
+    step), read in this process as full tensors and plain values, keyed by their
+    dotted path (`train.model.norm.weight`, `train.optimizer.state.<fqn>.exp_avg`)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "state.pt"
+        dcp_to_torch_save(step_dir, path)
+        return _flatten(torch.load(path, weights_only=True))
+
+
+def _flatten(value: Any, key: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return {key: value}
+    out: dict[str, Any] = {}
+    for k, v in items:
+        out |= _flatten(v, f"{key}.{k}" if key else str(k))
+    return out
+
+
+def state_differences(got: dict[str, Any], want: dict[str, Any]) -> list[str]:
+    """The keys of two `checkpoint_state`s that one lacks or that differ: tensors in
+    dtype, shape or any element (exactly), other values by equality."""
+    out = sorted(set(got) ^ set(want))
+    for key in sorted(set(got) & set(want)):
+        a, b = got[key], want[key]
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            same = a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        else:
+            same = type(a) is type(b) and a == b
+        if not same:
+            out.append(key)
+    return out
 
 
 def logged_steps(dump: Path, name: str = "metrics.jsonl") -> list[int]:
