@@ -7,11 +7,12 @@
 # (host:port of the rendezvous host, the same on every node) and optionally
 # RDZV_ID (default: slurm-$SLURM_JOB_ID under SLURM, else derived from
 # RDZV_ENDPOINT, so every node computes the same one) use torchrun's c10d
-# rendezvous. Workers restart on a failure (MAX_RESTARTS: default 3 for such
-# launches, 0 for one node) or when a node joins, and resume from the newest complete
-# checkpoint at the new size. RDZV_CONF, MONITOR_INTERVAL and SHUTDOWN_TIMEOUT
-# tune the rendezvous (see the README). SIGTERM/SIGUSR1/Ctrl-C: the job saves
-# the current step and exits PREEMPT_EXIT_CODE (default 3).
+# rendezvous. Workers restart on a failure (MAX_RESTARTS failures within any
+# RESTART_WINDOW seconds, default 3 per 3600 for such launches, 0 for one node) or
+# when a node joins, and resume from the newest complete checkpoint at the new size.
+# RDZV_CONF, MONITOR_INTERVAL and SHUTDOWN_TIMEOUT tune the rendezvous (see the
+# README). SIGTERM/SIGUSR1/Ctrl-C: the job saves the step in flight and exits
+# PREEMPT_EXIT_CODE (default 3); a second signal stops at once with that status.
 # Extra arguments go to the trainer as --section.field overrides.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -60,6 +61,8 @@ fi
 # One intra-op thread per process on CPU unless the user chose otherwise:
 # NGPU processes already share the cores.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# The restart budget renews: failures older than this many seconds are forgotten.
+export TORCHTITAN_RESTART_WINDOW_S=${RESTART_WINDOW:-3600}
 
 # The wrapper prints a failure of any rank once and exits 2 for bad input, 1 for a
 # crash, PREEMPT_EXIT_CODE (default 3) after a stop that saved the current step.

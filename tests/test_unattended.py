@@ -170,16 +170,24 @@ def test_the_agents_own_sigterm_exits_at_once_and_a_second_signal_too(tmp_path, 
     try:
         # The agent marks its folder before it stops its workers: not a preemption.
         (tmp_path / preemption.AGENT_STOPPING).touch()
-        stops = preemption.StopRequests(rank=0)
+        told: list[dict[str, Any]] = []
+        stops = preemption.StopRequests(rank=1, on_stop_at_once=told.append)
         with pytest.raises(SystemExit, match=str(128 + signal.SIGTERM)):
             stops._on_signal(signal.SIGTERM, None)
-        assert not stops.requested()
-        # A preemption: the first signal is a request, the second exits at once.
+        assert not stops.requested() and not told
+        assert preemption.stop_records(str(tmp_path)) == []
+        # A preemption: the first signal is a request, the second exits at once, with
+        # the documented status (a scheduler requeues on it), a record for the
+        # launcher and word to the peers (whose collectives are about to break).
         (tmp_path / preemption.AGENT_STOPPING).unlink()
         stops._on_signal(signal.SIGTERM, None)
         assert stops.requested()
-        with pytest.raises(SystemExit, match=str(128 + signal.SIGINT)):
+        with pytest.raises(SystemExit, match="^3$"):
             stops._on_signal(signal.SIGINT, None)
+        [rec] = preemption.stop_records(str(tmp_path))
+        assert rec["rank"] == 1 and rec["at_once"] and rec["reason"] == "second SIGINT"
+        assert told == [rec]
+        assert agent.no_restart_reason({3}, str(tmp_path)) is not None  # a stop: no restart
     finally:
         for s, h in saved.items():
             signal.signal(s, h)
@@ -197,12 +205,13 @@ def test_restart_records_are_cleared_and_the_root_cause_described(tmp_path):
         "rank": 2,
         "kind": "crash",
         "time": 2.0,
-        "message": "Traceback (most recent call last):\n  File x\nRuntimeError: pair closed",
+        "message": "RuntimeError: pair closed (raised at x.py:3 in f)\nTraceback (most recent "
+        "call last):\n  File x\nRuntimeError: pair closed",
     }
     user = {"rank": 3, "kind": "user", "time": 3.0, "message": "bad.toml: no such file\nmore"}
     (tmp_path / "rank-2.json").write_text(json.dumps(crash))
     assert agent.describe_failure(str(tmp_path), None) == (
-        "rank 2 failed (crash): RuntimeError: pair closed"
+        "rank 2 failed (crash): RuntimeError: pair closed (raised at x.py:3 in f)"
     )
     (tmp_path / "rank-3.json").write_text(json.dumps(user))
     assert agent.describe_failure(str(tmp_path), None) == (

@@ -84,9 +84,12 @@ def report_stop(folder: str) -> int | None:
     if not records:
         return None
     code = preemption.exit_code()
-    rec = records[0]
+    # A rank that stopped at once outranks the ranks that saw it go.
+    rec = min(records, key=lambda r: ("follows" in r, not r.get("at_once"), r.get("rank", 0)))
+    where = f"at step {rec['step']} " if rec.get("step") is not None else ""
+    who = f"rank {rec['rank']}, " if rec.get("at_once") else ""
     print(
-        f"stopped at step {rec['step']} ({rec['reason']}): {rec['what']}; exit {code} "
+        f"stopped {where}({who}{rec['reason']}): {rec['what']}; exit {code} "
         "(run the same command again to resume)",
         file=sys.stderr,
         flush=True,
@@ -108,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
     args.signals_to_handle = "SIGHUP,SIGQUIT"  # the stop signals are ours
+    try:
+        agent.window_from_env()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return failure.EXIT_USER
     agent.install(folder)
     # torchrun's own reports repeat what report_failures and agent.say print; its
     # modules set their loggers' levels themselves, so each is quietened.
