@@ -386,10 +386,15 @@ def divergence(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]
     for marker in sorted(ckdir.glob("step-*/COMPLETE.json")):
         kept[marker.parent.name] = json.loads(marker.read_text()).get("finite", True)
     finite = sorted(int(k.split("-")[1]) for k, v in kept.items() if v)
-    named = (
-        bool(finite) and len(errors) == 1
-        and f"the newest finite checkpoint is step {finite[-1]} " in errors[0]
-    )  # fmt: skip
+    # The advice names the newest finite checkpoint from before the trouble began
+    # (at least two steps before its first bad step), or says none was kept.
+    began = re.search(r"trouble began at step (\d+)", errors[0]) if len(errors) == 1 else None
+    safe = [s for s in finite if began and s < int(began.group(1)) - 1]
+    named = began is not None and (
+        f"from before the trouble began is step {safe[-1]} (" in errors[0]
+        if safe
+        else "No checkpoint from before step" in errors[0]
+    )
     return {**result, **sizes(run.formed(), [], run), "error_lines": errors,
             "checkpoints_finite": kept, "names_finite": named,
             "traceback": "Traceback" in text}  # fmt: skip

@@ -45,11 +45,14 @@ def test_guard_skips_nonfinite_steps_and_stops_naming_the_finite_checkpoint():
     assert not guard.should_stop()
     assert not guard.update_ok(6, float("nan")) and guard.should_stop()
     assert guard.skipped == 4
-    msg = str(guard.stop_error(6, (3, "/d/checkpoint/step-3")))
-    assert "not finite at steps 4..6 (3 in a row" in msg
-    assert "newest finite checkpoint is step 3 (/d/checkpoint/step-3)" in msg
-    assert "--checkpoint.load_step 3" in msg
-    assert "no finite checkpoint was written" in str(guard.stop_error(6, None))
+    assert guard.safe_below == 3  # step 3's update produced step 4's bad loss
+    msg = str(guard.stop_error(6, (2, "/d/checkpoint/step-2", 4.25)))
+    assert "trouble began at step 4 (loss or gradient norm not finite" in msg
+    assert "steps 4..6 were bad (3 in a row" in msg
+    assert "The checkpoint of step 3, if any, holds the update that led to it" in msg
+    assert "from before the trouble began is step 2 (/d/checkpoint/step-2, loss 4.25)" in msg
+    assert "--checkpoint.load_step 2" in msg
+    assert "No checkpoint from before step 3 was kept" in str(guard.stop_error(6, None))
 
 
 def test_a_nonfinite_loss_poisons_the_gradient_norm_and_a_finite_one_changes_no_bit():
@@ -76,13 +79,15 @@ def _marked(folder: Path, step: int, finite: bool | None) -> None:
     (d / manifest.COMPLETE_FILE).write_text(json.dumps(doc))
 
 
-def test_pruning_keeps_the_newest_finite_step(tmp_path):
-    for step, finite in ((2, None), (4, True), (6, False), (8, False), (10, False)):
+def test_pruning_keeps_the_two_newest_finite_steps(tmp_path):
+    for step, finite in ((1, True), (2, None), (4, True), (6, False), (8, False), (10, False)):
         _marked(tmp_path, step, finite)
     assert manifest.newest_finite(str(tmp_path)) == 4
-    assert manifest.steps_to_prune(str(tmp_path), 2) == [2, 6]
+    assert manifest.newest_finite(str(tmp_path), below=4) == 2  # a legacy manifest: finite
+    # step 4 may hold the update that began the trouble: 2 is kept as well
+    assert manifest.steps_to_prune(str(tmp_path), 2) == [1, 6]
     assert manifest.steps_to_prune(str(tmp_path), 0) == []
-    (tmp_path / "step-4" / manifest.COMPLETE_FILE).unlink()  # 4 gone: the legacy 2 is finite
+    (tmp_path / "step-4" / manifest.COMPLETE_FILE).unlink()
     assert manifest.newest_finite(str(tmp_path)) == 2
     assert manifest.steps_to_prune(str(tmp_path), 1) == [6, 8]
 

@@ -1,8 +1,9 @@
 """Faults of a run left alone (issue 30), tested without a training job: the restart
 budget that renews, storage errors named and not retried, crash reports that start
 with what was raised and where, a monitor thread that outlives its own errors, a lock
-that never fails a finished run and says when its lease frees it, and a stop at once
-on any rank reported as a stop."""
+that never fails a finished run and says when its lease frees it, a stop at once on
+any rank reported as a stop, loss spikes and divergence advice that goes back before
+the trouble, and a relaunch that never resumes silently from a step not finite."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ import pytest
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
+from torchtitan.components.checkpoint import CheckpointError, manifest
+from torchtitan.components.divergence import DivergenceGuard
 from torchtitan.runtime import agent, failure, launcher, preemption
 from torchtitan.runtime.dump_lock import LOCK_FILE, DumpFolderLocked, DumpLock
 from torchtitan.runtime.monitor import RankMonitor
@@ -236,3 +239,57 @@ def test_a_peers_stop_at_once_ends_a_rank_as_a_stop(tmp_path, monkeypatch):
     [mine] = preemption.stop_records(str(tmp_path))
     assert mine["rank"] == 0 and mine["reason"] == "rank 1 stopped at once (second SIGTERM)"
     assert mine["follows"] == 1
+
+
+# -- divergence: spikes, the advice, the relaunch ---------------------------------------------
+
+
+def test_a_loss_spike_is_trouble_and_the_advice_goes_back_before_it():
+    guard = DivergenceGuard(3, spike_factor=4.0, log=False)
+    for step in range(1, 11):  # a healthy run: losses around 3
+        assert guard.update_ok(step, 1.0, 3.0 + 0.01 * step)
+    assert guard.update_ok(11, 1.0, 11.0)  # below 4 x the median (3.05): not a spike
+    # lr far too high: step 12's update ruins the parameters; step 13's loss is finite
+    assert not guard.update_ok(13, 50.0, 80.0)
+    assert not guard.last_finite and guard.first_bad == 13 and guard.safe_below == 12
+    assert not guard.update_ok(14, float("nan"), float("nan"))
+    assert not guard.update_ok(15, 50.0, 70.0) and guard.should_stop()
+    msg = str(guard.stop_error(15, (10, "/d/step-10", 3.1)))
+    assert "trouble began at step 13 (loss spike: 80 > 4 x 3.06, the median of the last" in msg
+    assert "The checkpoint of step 12, if any, holds the update that led to it" in msg
+    assert "step 10 (/d/step-10, loss 3.1)" in msg
+    # off: only non-finite values count
+    off = DivergenceGuard(3, spike_factor=0.0, log=False)
+    assert not off.tracks_loss
+    assert all(off.update_ok(s, 1.0, 3.0) for s in range(1, 11)) and off.update_ok(11, 1.0, 80.0)
+
+
+def test_a_spike_needs_a_history_first():
+    guard = DivergenceGuard(3, spike_factor=4.0, log=False)
+    # the first losses of a run fall fast; no median yet, no spike
+    assert all(guard.update_ok(s, 1.0, loss) for s, loss in enumerate([9.0, 2.0, 8.0], 1))
+
+
+def _manifests(folder: Path, finite: dict[int, bool], losses: dict[int, float]) -> None:
+    for step, ok in finite.items():
+        d = folder / f"step-{step}"
+        d.mkdir(parents=True)
+        (d / manifest.LOADER_FILE).write_text(json.dumps({"step": step}))
+        files = manifest.file_entries(str(d), [manifest.LOADER_FILE])
+        doc = manifest.manifest_document(step, 1, files, ok, losses.get(step))
+        (d / manifest.COMPLETE_FILE).write_text(json.dumps(doc))
+
+
+def test_a_relaunch_never_resumes_silently_from_a_step_marked_not_finite(tmp_path):
+    _manifests(tmp_path, {1: True, 2: True, 3: False}, {2: 3.5})
+    with pytest.raises(CheckpointError) as err:
+        manifest.select_resume_step(str(tmp_path), -1, "size")
+    msg = str(err.value)
+    assert "the latest checkpoint, step 3, is marked not finite" in msg
+    assert "the newest finite one is step 2: resume from it with --checkpoint.load_step 2" in msg
+    assert "pass --checkpoint.load_step 3 to resume from it anyway" in msg
+    assert manifest.select_resume_step(str(tmp_path), 3, "size") == 3  # the user's choice
+    assert manifest.select_resume_step(str(tmp_path), 2, "size") == 2
+    assert (
+        manifest.step_loss(str(tmp_path), 2) == 3.5 and manifest.step_loss(str(tmp_path), 1) is None
+    )
