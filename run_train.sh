@@ -49,7 +49,15 @@ if [ "$MAX_NODES" -gt 1 ]; then
   fi
   # A dead node leaves the rendezvous after keep_alive_interval x keep_alive_max_attempt
   # seconds; the job re-forms last_call_timeout seconds after it has MIN nodes.
-  LAUNCH=(--nnodes "$MIN_NODES:$MAX_NODES" --node-rank "${NODE_RANK:-0}" --rdzv-backend c10d
+  # RDZV_BACKEND=etcd-v2: RDZV_ENDPOINT is an etcd server (started with --enable-v2)
+  # holding the rendezvous state, so no node is special; c10d (default): the first
+  # node's agent holds it, and losing that node ends the job (exit PREEMPT_EXIT_CODE).
+  RDZV_BACKEND=${RDZV_BACKEND:-c10d}
+  if [ "$RDZV_BACKEND" != c10d ] && [ "$RDZV_BACKEND" != etcd-v2 ]; then
+    echo "error: RDZV_BACKEND=$RDZV_BACKEND: expected c10d or etcd-v2" >&2
+    exit 2
+  fi
+  LAUNCH=(--nnodes "$MIN_NODES:$MAX_NODES" --node-rank "${NODE_RANK:-0}" --rdzv-backend "$RDZV_BACKEND"
           --rdzv-endpoint "$RDZV_ENDPOINT" --rdzv-id "$RDZV_ID"
           --max-restarts "${MAX_RESTARTS:-3}" --monitor-interval "${MONITOR_INTERVAL:-1}"
           --shutdown-timeout "${SHUTDOWN_TIMEOUT:-15}"
@@ -66,6 +74,10 @@ export TORCHTITAN_RESTART_WINDOW_S=${RESTART_WINDOW:-3600}
 
 # The wrapper prints a failure of any rank once and exits 2 for bad input, 1 for a
 # crash, PREEMPT_EXIT_CODE (default 3) after a stop that saved the current step.
-exec "$PYTHON" -m torchtitan.runtime.launcher "${LAUNCH[@]}" --nproc-per-node "$NGPU" \
+# The launcher's own C++ warnings (a TCPStore client of a rendezvous host that died,
+# with its stack frames) would bury its one line: errors only there; the workers get
+# the user's level back (launcher.py).
+export TORCHTITAN_USER_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL-unset}
+TORCH_CPP_LOG_LEVEL=ERROR exec "$PYTHON" -m torchtitan.runtime.launcher "${LAUNCH[@]}" --nproc-per-node "$NGPU" \
   --local-ranks-filter "${LOG_RANK:-0}" --role rank --tee 3 \
   -m torchtitan.train --job.config_file "$CONFIG_FILE" "$@"

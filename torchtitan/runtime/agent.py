@@ -57,12 +57,19 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torchtitan.runtime import failure, preemption
 
 _running = False  # whether this launcher's workers run now (read by the signal handlers)
+_formed = False  # whether a rendezvous of this launcher ever completed (read by the launcher)
 WINDOW_ENV = "TORCHTITAN_RESTART_WINDOW_S"
 DEFAULT_WINDOW_S = 3600.0
 
 
 def workers_running() -> bool:
     return _running
+
+
+def job_formed() -> bool:
+    """Whether this launcher's job ever formed: a rendezvous lost after that is the
+    loss of its host; one that never completed is an endpoint that cannot be reached."""
+    return _formed
 
 
 def say(message: str) -> None:
@@ -173,6 +180,7 @@ class PolicyAgent(LocalElasticAgent):
         self._elastic = spec.max_restarts > 0 or ranged
         self._budget = RestartBudget(spec.max_restarts, window_from_env())
         self._budget_words = ""
+        self._restart_line = ""
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         global _running
@@ -201,12 +209,16 @@ class PolicyAgent(LocalElasticAgent):
         return result
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
+        # Said once the job re-formed: a rendezvous that fails instead (its host is
+        # gone) ends the job with the launcher's one line, not a "restarting" line.
         if worker_group.state == WorkerState.HEALTHY:
-            say("restarting the workers: membership change: a node waits to join (not counted)")
+            self._restart_line = (
+                "restarted the workers: membership change: a node joined (not counted)"
+            )
         else:
             why = self._why or "worker failure"
-            say(
-                f"restarting the workers: {why} ({self._budget_words}; membership changes "
+            self._restart_line = (
+                f"restarted the workers: {why} ({self._budget_words}; membership changes "
                 "are not counted)"
             )
         clear_records(self._error_dir)
@@ -214,7 +226,12 @@ class PolicyAgent(LocalElasticAgent):
         super()._restart_workers(worker_group)
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        global _formed
         super()._rendezvous(worker_group)
+        _formed = True
+        if self._restart_line:
+            say(self._restart_line)
+            self._restart_line = ""
         if self._elastic:
             world = worker_group.workers[0].world_size if worker_group.workers else 0
             ranks = [w.global_rank for w in worker_group.workers]

@@ -29,6 +29,8 @@ import sys
 import tempfile
 from typing import Any
 
+import torch.distributed as dist
+
 from torchtitan.runtime import failure, preemption
 
 
@@ -97,13 +99,45 @@ def report_stop(folder: str) -> int | None:
     return code
 
 
+def report_rendezvous_lost(args: Any, exc: BaseException, formed: bool) -> int:
+    """One line for a rendezvous that failed: after the job formed, its host (c10d:
+    the first node's agent; etcd-v2: the etcd server) is gone and the job can be
+    requeued (the preemption status); before, the endpoint is wrong (exit 2)."""
+    where = f"{args.rdzv_endpoint} ({args.rdzv_backend} rendezvous)"
+    what = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+    if not formed:
+        print(
+            f"error: cannot reach the rendezvous at {where}: {what}; check RDZV_ENDPOINT",
+            file=sys.stderr,
+            flush=True,
+        )
+        return failure.EXIT_USER
+    code = preemption.exit_code()
+    host = "the rendezvous host" if args.rdzv_backend == "c10d" else "the rendezvous server"
+    print(
+        f"error: lost {host} {where}: {what}; the job cannot re-form without it (with "
+        f"RDZV_BACKEND=etcd-v2 no node is special); exit {code}: run the same command "
+        "again on every node to resume from the newest complete checkpoint",
+        file=sys.stderr,
+        flush=True,
+    )
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
 
     from torchtitan.runtime import agent
 
+    # run_train.sh quietens the launcher's C++ warnings; its workers get the user's level.
+    user_level = os.environ.pop("TORCHTITAN_USER_CPP_LOG_LEVEL", None)
+    if user_level == "unset":
+        os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
+    elif user_level is not None:
+        os.environ["TORCH_CPP_LOG_LEVEL"] = user_level
     folder = tempfile.mkdtemp(prefix="torchtitan-errors-")
     os.environ[failure.ERROR_DIR_ENV] = folder
     # A fresh store per rendezvous round (the agent's shared store keeps the keys
@@ -131,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     except ChildFailedError as exc:
         stopped = report_stop(folder)
         return report_failures(folder, exc.failures) if stopped is None else stopped
+    except (RendezvousError, dist.DistError) as exc:
+        return report_rendezvous_lost(args, exc, agent.job_formed())
     except SignalException as exc:
         first = signals.received or signal.Signals(exc.sigval).name
         print(
