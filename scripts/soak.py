@@ -266,7 +266,11 @@ def verify_checkpoints(dump: Path) -> dict[str, Any]:
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(a.seed)
-    kinds = list(KINDS) * (a.faults // len(KINDS) + 1)
+    chosen = a.kinds.split(",") if a.kinds else list(KINDS)
+    unknown = sorted(set(chosen) - set(KINDS))
+    if unknown:
+        raise SystemExit(f"--kinds: unknown {unknown}; expected some of {', '.join(KINDS)}")
+    kinds = chosen * (a.faults // len(chosen) + 1)
     kinds = kinds[: a.faults]
     rng.shuffle(kinds)
     out = a.out.resolve()
@@ -383,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--minutes", type=float, default=60)
     p.add_argument("--faults", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kinds", default="", help="comma-separated subset of the fault kinds")
     p.add_argument("--out", type=Path, default=REPO / "outputs" / "soak")
     p.add_argument("--results", type=Path, default=REPO / "docs" / "results")
     p.add_argument("--run-timeout", type=float, default=600)

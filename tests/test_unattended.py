@@ -190,7 +190,8 @@ def test_the_agents_own_sigterm_exits_at_once_and_a_second_signal_too(tmp_path, 
         with pytest.raises(SystemExit, match="^3$"):
             stops._on_signal(signal.SIGINT, None)
         [rec] = preemption.stop_records(str(tmp_path))
-        assert rec["rank"] == 1 and rec["at_once"] and rec["reason"] == "second SIGINT"
+        assert rec["rank"] == 1 and rec["at_once"] and rec["original"]
+        assert rec["reason"] == "second SIGINT"
         assert told == [rec]
         assert agent.no_restart_reason({3}, str(tmp_path)) is not None  # a stop: no restart
     finally:

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch.distributed as dist
@@ -206,14 +207,41 @@ def test_the_launcher_reports_a_ranks_stop_at_once_as_a_stop(tmp_path, monkeypat
     monkeypatch.delenv(preemption.EXIT_CODE_ENV, raising=False)
     # rank 1 got SIGTERM twice; rank 0 saw it go (its collective broke)
     once = {"rank": 1, "step": None, "reason": "second SIGTERM", "what": preemption.AT_ONCE}
-    (tmp_path / "stopped-1.json").write_text(json.dumps({**once, "at_once": True}))
+    (tmp_path / "stopped-1.json").write_text(
+        json.dumps({**once, "at_once": True, "original": True})
+    )
     seen = {**once, "rank": 0, "reason": "rank 1 stopped at once (second SIGTERM)"}
     (tmp_path / "stopped-0.json").write_text(json.dumps({**seen, "at_once": True, "follows": 1}))
-    assert launcher.report_stop(str(tmp_path)) == 3
+    # rank 2 saw its collective break and could not reach the store: a crash record
+    crash = failure.record(2, "crash", "RuntimeError: Connection reset by peer")
+    (tmp_path / "rank-2.json").write_text(json.dumps(crash))
+    assert launcher.report_end(str(tmp_path), {}) == 3
     line = capsys.readouterr().err.strip()
     assert line.startswith("stopped (rank 1, second SIGTERM): stopped at once: no checkpoint")
     assert line.endswith("; exit 3 (run the same command again to resume)")
     assert agent.no_restart_reason({3, 1}, str(tmp_path)) is not None
+
+
+def test_a_failure_outranks_the_stops_it_caused(tmp_path, monkeypatch, capsys):
+    """Rank 0 cannot write its checkpoint (exit 2); torchrun's SIGTERM to rank 1 then
+    looks like a stop request whose collective broke: a consequence, not the news,
+    and no reason to keep an elastic job from restarting a crash."""
+    monkeypatch.delenv(preemption.EXIT_CODE_ENV, raising=False)
+    user = failure.record(0, "user", "storage: cannot write /d/checkpoint: PermissionError")
+    (tmp_path / "rank-0.json").write_text(json.dumps(user))
+    derived = {"rank": 1, "step": None, "reason": "SIGTERM, then the collective failed",
+               "what": preemption.AT_ONCE, "at_once": True, "original": False}  # fmt: skip
+    (tmp_path / "stopped-1.json").write_text(json.dumps(derived))
+    assert launcher.report_end(str(tmp_path), {}) == 2
+    assert capsys.readouterr().err.startswith("error: storage: cannot write /d/checkpoint")
+    assert agent.no_restart_reason({1}, str(tmp_path)) is None  # a crash there: restart
+    # rank 0 killed by the kernel (no record of its own): not a stop either
+    (tmp_path / "rank-0.json").unlink()
+    killed = {0: SimpleNamespace(exitcode=-9), 1: SimpleNamespace(exitcode=3)}
+    assert launcher.report_end(str(tmp_path), killed) == 1
+    assert "rank 0 killed by SIGKILL" in capsys.readouterr().err
+    # every rank ended as a stop does: the stop is the news
+    assert launcher.report_end(str(tmp_path), {1: SimpleNamespace(exitcode=3)}) == 3
 
 
 def test_a_peers_stop_at_once_ends_a_rank_as_a_stop(tmp_path, monkeypatch):

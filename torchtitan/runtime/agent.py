@@ -119,7 +119,7 @@ def no_restart_reason(exit_codes: set[int], folder: str) -> str | None:
         return f"an input error (exit {failure.EXIT_USER})"
     if os.path.exists(os.path.join(folder, preemption.STOP_REQUEST)):
         return "a stop request"
-    if preemption.stop_records(folder):
+    if preemption.original_stop(preemption.stop_records(folder)) is not None:
         return "a stop (a rank was asked to stop at once)"
     return None
 

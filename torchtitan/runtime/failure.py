@@ -132,6 +132,15 @@ def write_record(rec: dict[str, Any], name: str | None = None) -> bool:
     return True
 
 
+def recorded_here(rec: dict[str, Any]) -> bool:
+    """Whether this node's launcher already has the failing rank's own record (the
+    rank ran on this node), or there is no launcher to tell."""
+    folder = os.environ.get(ERROR_DIR_ENV)
+    if not folder or not os.path.isdir(folder):
+        return True
+    return os.path.exists(os.path.join(folder, f"rank-{rec['rank']}.json"))
+
+
 def format_record(rec: dict[str, Any], summary: bool = False) -> str:
     """`error: MESSAGE`, naming the rank unless it is rank 0 on this node."""
     tags = [] if rec["rank"] == 0 and not summary else [f"rank {rec['rank']}"]

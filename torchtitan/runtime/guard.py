@@ -71,6 +71,8 @@ class JobGuard:
                     f"rank {peer['rank']} stopped at once ({peer['message']})", follows=peer["rank"]
                 )
             if peer is not None:
+                if not failure.recorded_here(peer):  # another node's: tell this node's launcher
+                    failure.write_record(peer, name="summary.json")
                 return failure.KINDS.get(peer["kind"], failure.EXIT_CRASH)
         if kind == "crash" and self.stop.requested():
             # Peers that go away during a requested stop end it early: still a stop.

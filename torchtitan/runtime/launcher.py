@@ -6,8 +6,8 @@ node (`TORCHTITAN_ERROR_DIR`); a failing rank writes its message there (see
 failure.py). On failure the launcher prints that message, instead of
 torchrun's ChildFailedError report, whatever rank it came from, so
 `--local-ranks-filter 0` hides nothing, and exits 2 for the user's input, 1
-for anything else. On node 0 a failure of another node arrives as global
-rank 0's summary.
+for anything else. A failure of another node arrives as a summary that a rank
+of this node wrote when the failure ended it.
 
 Elastic launches (`--nnodes MIN:MAX`, `--max-restarts`) use the restart
 policy of agent.py. SIGTERM, SIGINT (Ctrl-C) and SIGUSR1 are the launcher's
@@ -37,7 +37,9 @@ from torchtitan.runtime import failure, preemption
 def _records(folder: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     own, summary = [], None
     for name in sorted(os.listdir(folder)):
-        if not name.endswith(".json"):
+        if not name.endswith(".json") or name.startswith(
+            (preemption.STOPPED_PREFIX, preemption.STOP_REQUEST)
+        ):
             continue
         try:
             with open(os.path.join(folder, name), encoding="utf-8") as f:
@@ -79,15 +81,31 @@ def report_failures(folder: str, failures: dict[int, Any]) -> int:
     return failure.EXIT_CRASH
 
 
+def report_end(folder: str, failures: dict[int, Any]) -> int:
+    """After workers failed: a rank told to stop at once is the root cause of what
+    followed; else a rank's own failure record, or a worker that ended otherwise than
+    a stop does (killed by a signal: an out-of-memory kill, say), outranks the stops
+    that followed it (a peer whose collective broke during a requested stop); else
+    the stop."""
+    records = preemption.stop_records(folder)
+    own, summary = _records(folder)
+    stop_codes = {0, preemption.exit_code()}
+    other_end = any(getattr(f, "exitcode", None) not in stop_codes for f in failures.values())
+    if preemption.original_stop(records) is None and (own or summary or other_end):
+        return report_failures(folder, failures)
+    stopped = report_stop(folder)
+    return report_failures(folder, failures) if stopped is None else stopped
+
+
 def report_stop(folder: str) -> int | None:
     """After the workers exited: the preemption exit status, with one line, if
-    they stopped early with a checkpoint; None otherwise."""
+    they stopped early (with a checkpoint, or at once); None otherwise."""
     records = preemption.stop_records(folder)
     if not records:
         return None
     code = preemption.exit_code()
     # A rank that stopped at once outranks the ranks that saw it go.
-    rec = min(records, key=lambda r: ("follows" in r, not r.get("at_once"), r.get("rank", 0)))
+    rec = min(records, key=lambda r: (not r.get("original"), not r.get("at_once"), r["rank"]))
     where = f"at step {rec['step']} " if rec.get("step") is not None else ""
     who = f"rank {rec['rank']}, " if rec.get("at_once") else ""
     print(
@@ -163,9 +181,13 @@ def main(argv: list[str] | None = None) -> int:
         stopped = report_stop(folder)
         return 0 if stopped is None else stopped
     except ChildFailedError as exc:
-        stopped = report_stop(folder)
-        return report_failures(folder, exc.failures) if stopped is None else stopped
+        return report_end(folder, exc.failures)
     except (RendezvousError, dist.DistError) as exc:
+        # Closing the rendezvous after the workers failed finds its host gone (the
+        # host's launcher ended on the same failure): the workers' failure is the news.
+        failed = exc.__context__
+        if isinstance(failed, ChildFailedError):
+            return report_end(folder, failed.failures)
         return report_rendezvous_lost(args, exc, agent.job_formed())
     except SignalException as exc:
         first = signals.received or signal.Signals(exc.sigval).name

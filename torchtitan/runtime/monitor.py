@@ -179,13 +179,13 @@ class RankMonitor:
             time.sleep(0.1)
 
     def _exit_for(self, rec: dict[str, Any]) -> None:
-        """Another rank failed: end now. Global rank 0 summarises a failure of
-        another node for its own node's launcher."""
+        """Another rank failed: end now. A failure of another node is summarised for
+        this node's launcher, so every node's launcher prints the root cause."""
         if rec["kind"] == preemption.STOPPED_KIND and self.stop_requests is not None:
             self.stop_requests.stop_at_once(
                 f"rank {rec['rank']} stopped at once ({rec['message']})", follows=rec["rank"]
             )
-        if self.rank == 0 and rec["host"] != self.host:
+        if not failure.recorded_here(rec):  # a failure of another node: say it on this one too
             failure.write_record(rec, name="summary.json")
         if self.on_exit is not None:
             self.on_exit()

@@ -123,6 +123,9 @@ class StopRequests:
         the launcher (and, `tell_peers`, for the other ranks through the store);
         `follows`: the rank whose stop at once ended this one."""
         rec = {"rank": self.rank, "step": None, "reason": reason, "what": AT_ONCE, "at_once": True}
+        # The root cause (a second signal to this rank), or a consequence of another
+        # rank's stop or of a collective broken during a requested stop.
+        rec["original"] = tell_peers
         if follows is not None:
             rec["follows"] = follows
         self.write_record(rec)
@@ -218,6 +221,12 @@ class LauncherSignals:
         raise SignalException(
             f"{name} {'with no worker running' if first else 'again'}", sigval=signal.SIGKILL
         )
+
+
+def original_stop(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The record of a rank that was itself told to stop at once (a second signal),
+    if any: the root cause of every failure it leads to."""
+    return next((r for r in records if r.get("original")), None)
 
 
 def stop_records(folder: str) -> list[dict[str, Any]]:
