@@ -158,7 +158,12 @@ class DumpLock:
         if not self._mine(self._read()):
             self.held = False
             return
-        atomic_write(self.path, self._doc())
+        try:
+            atomic_write(self.path, self._doc())
+        except OSError as exc:  # the same words every time: the monitor reports it once
+            raise OSError(
+                exc.errno, f"cannot renew the dump-folder lock {self.path}: {exc.strerror}"
+            ) from exc
         self._renewed = time.time()
 
     def release(self) -> None:

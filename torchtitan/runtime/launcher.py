@@ -188,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
         failed = exc.__context__
         if isinstance(failed, ChildFailedError):
             return report_end(folder, failed.failures)
+        own, summary = _records(folder)
+        if own or summary or preemption.stop_records(folder):
+            # A worker's failure (or another node's, summarised here) came first: the
+            # host's launcher ended on it, which is why the rendezvous is gone.
+            return report_end(folder, {})
         return report_rendezvous_lost(args, exc, agent.job_formed())
     except SignalException as exc:
         first = signals.received or signal.Signals(exc.sigval).name
