@@ -7,11 +7,12 @@
 # (host:port of the rendezvous host, the same on every node) and optionally
 # RDZV_ID (default: slurm-$SLURM_JOB_ID under SLURM, else derived from
 # RDZV_ENDPOINT, so every node computes the same one) use torchrun's c10d
-# rendezvous. Workers restart on a failure (MAX_RESTARTS: default 3 for such
-# launches, 0 for one node) or when a node joins, and resume from the newest complete
-# checkpoint at the new size. RDZV_CONF, MONITOR_INTERVAL and SHUTDOWN_TIMEOUT
-# tune the rendezvous (see the README). SIGTERM/SIGUSR1/Ctrl-C: the job saves
-# the current step and exits PREEMPT_EXIT_CODE (default 3).
+# rendezvous. Workers restart on a failure (MAX_RESTARTS failures within any
+# RESTART_WINDOW seconds, default 3 per 3600 for such launches, 0 for one node) or
+# when a node joins, and resume from the newest complete checkpoint at the new size.
+# RDZV_CONF, MONITOR_INTERVAL and SHUTDOWN_TIMEOUT tune the rendezvous (see the
+# README). SIGTERM/SIGUSR1/Ctrl-C: the job saves the step in flight and exits
+# PREEMPT_EXIT_CODE (default 3); a second signal stops at once with that status.
 # Extra arguments go to the trainer as --section.field overrides.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -48,7 +49,15 @@ if [ "$MAX_NODES" -gt 1 ]; then
   fi
   # A dead node leaves the rendezvous after keep_alive_interval x keep_alive_max_attempt
   # seconds; the job re-forms last_call_timeout seconds after it has MIN nodes.
-  LAUNCH=(--nnodes "$MIN_NODES:$MAX_NODES" --node-rank "${NODE_RANK:-0}" --rdzv-backend c10d
+  # RDZV_BACKEND=etcd-v2: RDZV_ENDPOINT is an etcd server (started with --enable-v2)
+  # holding the rendezvous state, so no node is special; c10d (default): the first
+  # node's agent holds it, and losing that node ends the job (exit PREEMPT_EXIT_CODE).
+  RDZV_BACKEND=${RDZV_BACKEND:-c10d}
+  if [ "$RDZV_BACKEND" != c10d ] && [ "$RDZV_BACKEND" != etcd-v2 ]; then
+    echo "error: RDZV_BACKEND=$RDZV_BACKEND: expected c10d or etcd-v2" >&2
+    exit 2
+  fi
+  LAUNCH=(--nnodes "$MIN_NODES:$MAX_NODES" --node-rank "${NODE_RANK:-0}" --rdzv-backend "$RDZV_BACKEND"
           --rdzv-endpoint "$RDZV_ENDPOINT" --rdzv-id "$RDZV_ID"
           --max-restarts "${MAX_RESTARTS:-3}" --monitor-interval "${MONITOR_INTERVAL:-1}"
           --shutdown-timeout "${SHUTDOWN_TIMEOUT:-15}"
@@ -60,9 +69,15 @@ fi
 # One intra-op thread per process on CPU unless the user chose otherwise:
 # NGPU processes already share the cores.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# The restart budget renews: failures older than this many seconds are forgotten.
+export TORCHTITAN_RESTART_WINDOW_S=${RESTART_WINDOW:-3600}
 
 # The wrapper prints a failure of any rank once and exits 2 for bad input, 1 for a
 # crash, PREEMPT_EXIT_CODE (default 3) after a stop that saved the current step.
-exec "$PYTHON" -m torchtitan.runtime.launcher "${LAUNCH[@]}" --nproc-per-node "$NGPU" \
+# The launcher's own C++ warnings (a TCPStore client of a rendezvous host that died,
+# with its stack frames) would bury its one line: errors only there; the workers get
+# the user's level back (launcher.py).
+export TORCHTITAN_USER_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL-unset}
+TORCH_CPP_LOG_LEVEL=ERROR exec "$PYTHON" -m torchtitan.runtime.launcher "${LAUNCH[@]}" --nproc-per-node "$NGPU" \
   --local-ranks-filter "${LOG_RANK:-0}" --role rank --tee 3 \
   -m torchtitan.train --job.config_file "$CONFIG_FILE" "$@"

@@ -46,22 +46,25 @@ fails.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import fault_injection as fi
 from train_harness import (
     data_digests,
+    etcd_server,
     pick_scenarios,
     quote_in_readme,
     read_metrics,
@@ -74,6 +77,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results" / "elastic_scenarios.json"
 
 STEPS, INTERVAL = 16, 4
+LONG_STEPS = 40  # the scenarios that need a longer run (the restart budget's window)
 BASE = {"training.steps": STEPS, "checkpoint.interval": INTERVAL}
 # Short rendezvous timeouts for a test on one machine (run_train.sh's defaults are 5 x 3
 # s keep-alive and a 10 s last call).
@@ -97,6 +101,12 @@ SCENARIOS = (
     "divergence",
     "input_error",
     "idle_share_refused",
+    "restart_budget_renews",
+    "first_node_lost_c10d",
+    "first_node_lost_etcd",
+    "sigterm_twice_one_rank",
+    "checkpoint_folder_readonly",
+    "dump_folder_readonly",
 )
 # The processes each scenario must train at before the fault and finish at: most do
 # not divide the 8 lanes.
@@ -141,16 +151,16 @@ class Run:
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
 
-    def agent(self, nproc: int, elastic: bool = True) -> fi.Job:
-        env = {"MONITOR_INTERVAL": str(MONITOR_S)}
+    def agent(self, nproc: int, elastic: bool = True, env: dict[str, str] | None = None) -> fi.Job:
+        env = {"MONITOR_INTERVAL": str(MONITOR_S), **(env or {})}
         if elastic:
-            env |= {"NNODES": "1:3", "RDZV_ENDPOINT": f"127.0.0.1:{self.port}",
-                    "RDZV_CONF": RDZV_CONF}  # fmt: skip
+            env = {"NNODES": "1:3", "RDZV_ENDPOINT": f"127.0.0.1:{self.port}",
+                   "RDZV_CONF": RDZV_CONF, **env}  # fmt: skip
         job = fi.Job(self.dump, self.extra, nproc, env, name=f"agent{len(self.agents)}")
         self.agents.append(job)
         self.nproc.append(nproc)
         self.elastic = elastic
-        if elastic and len(self.agents) == 1:
+        if elastic and len(self.agents) == 1 and env.get("RDZV_BACKEND", "c10d") == "c10d":
             # The first agent hosts the rendezvous store: the others must find it up.
             end = time.monotonic() + 60
             while not _port_open(self.port) and time.monotonic() < end:
@@ -386,10 +396,15 @@ def divergence(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]
     for marker in sorted(ckdir.glob("step-*/COMPLETE.json")):
         kept[marker.parent.name] = json.loads(marker.read_text()).get("finite", True)
     finite = sorted(int(k.split("-")[1]) for k, v in kept.items() if v)
-    named = (
-        bool(finite) and len(errors) == 1
-        and f"the newest finite checkpoint is step {finite[-1]} " in errors[0]
-    )  # fmt: skip
+    # The advice names the newest finite checkpoint from before the trouble began
+    # (at least two steps before its first bad step), or says none was kept.
+    began = re.search(r"trouble began at step (\d+)", errors[0]) if len(errors) == 1 else None
+    safe = [s for s in finite if began and s < int(began.group(1)) - 1]
+    named = began is not None and (
+        f"from before the trouble began is step {safe[-1]} (" in errors[0]
+        if safe
+        else "No checkpoint from before step" in errors[0]
+    )
     return {**result, **sizes(run.formed(), [], run), "error_lines": errors,
             "checkpoints_finite": kept, "names_finite": named,
             "traceback": "Traceback" in text}  # fmt: skip
@@ -425,6 +440,217 @@ def idle_share_refused(out: Path, ref: dict[int, str], timeout: float) -> dict[s
     return {**result, "names_share": names}
 
 
+# -- a week alone (issue 30): each returns named checks, all of which must hold ---------------
+
+
+def _one_line(text: str, start: str) -> dict[str, Any]:
+    """The launcher's lines starting with `start`, and whether the output has a traceback."""
+    lines = [ln for ln in text.splitlines() if ln.startswith(start)]
+    return {"lines": lines, "traceback": "Traceback" in text}
+
+
+def restart_budget_renews(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]:
+    """MAX_RESTARTS=1 per RESTART_WINDOW=20 s: the second agent is killed twice (and
+    started again each time), the second time more than a window after the first, so
+    each failure is "failure 1 of 1": the job survives both. With a budget that never
+    renews the second loss ends it."""
+    window = 20.0
+    env = {"MAX_RESTARTS": "1", "RESTART_WINDOW": f"{window:g}"}
+    run = Run(out / "restart_budget_renews", {"training.steps": LONG_STEPS})
+    host = run.agent(1, env=env)
+    victim = run.agent(1, env=env)
+    kills = []
+    for at in (4, 14):
+        if not run.trained_at(2, at, timeout):
+            return {**run.finish(5), "problem": f"no step {at} on 2 processes ({run.formed()})"}
+        if kills and time.time() - kills[-1] < window + 2:
+            time.sleep(window + 2 - (time.time() - kills[-1]))
+        kills.append(time.time())
+        os.killpg(victim.proc.pid, signal.SIGKILL)
+        victim = run.agent(1, env=env)  # the node comes back
+    result = run.finish(timeout)
+    text = host.output()
+    said = re.findall(r"failure (\d+) of 1 in the last 20s", text)
+    checks = {
+        "job finished (exit 0)": result["exit"][0] == 0,
+        "each failure was 1 of 1": said == ["1", "1"],
+        "digests right": fi._digests_ok(
+            run.dump, {k: {"digest": d} for k, d in ref.items()}, 1, LONG_STEPS
+        )
+        is None,
+    }
+    return {**result, "budget_lines": said, "checks": checks}
+
+
+def _kill_first_node(run: Run, first: fi.Job, timeout: float) -> tuple[list[int], float] | None:
+    # After the save of step 4 (a kill inside it would leave nothing to resume from).
+    if not run.trained_at(3, INTERVAL + 2, timeout):
+        return None
+    seen, t_fault = run.formed(), time.time()
+    os.killpg(first.proc.pid, signal.SIGKILL)  # the launcher, and its ranks' sessions:
+    for pid in first.tree():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return seen, t_fault
+
+
+def first_node_lost_c10d(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]:
+    """With c10d the first node's agent holds the rendezvous: killing every process
+    of it ends the job, with one line naming the host and the requeue status (3)."""
+    run = Run(out / "first_node_lost_c10d")
+    first = run.agent(1)
+    run.agent(1)
+    run.agent(1)
+    if _kill_first_node(run, first, timeout) is None:
+        return {**run.finish(5), "problem": f"no step 6 on 3 processes ({run.formed()})"}
+    result = run.finish(timeout)
+    outs = [job.output() for job in run.agents[1:]]
+    lost = [_one_line(o, "error: lost the rendezvous host 127.0.0.1:") for o in outs]
+    checks = {
+        "survivors exit 3": result["exit"][1:] == [3, 3],
+        "one line each naming the host": all(len(x["lines"]) == 1 for x in lost),
+        "no traceback": not any(x["traceback"] for x in lost),
+        "no restarting line": not any("restart" in o.split("[launcher]", 1)[-1] for o in outs),
+    }
+    result["exit"][0] = "killed"
+    return {**result, "lines": [x["lines"] for x in lost], "checks": checks}
+
+
+def first_node_lost_etcd(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]:
+    """With RDZV_BACKEND=etcd-v2 (an etcd server on 127.0.0.1 holds the rendezvous) no
+    node is special: killing every process of the node that started first is
+    survived, and every digest is right."""
+    with etcd_server(out / "etcd") as endpoint:
+        env = {"RDZV_BACKEND": "etcd-v2", "RDZV_ENDPOINT": endpoint}
+        run = Run(out / "first_node_lost_etcd")
+        first = run.agent(1, env=env)
+        second = run.agent(1, env=env)
+        run.agent(1, env=env)
+        hit = _kill_first_node(run, first, timeout)
+        if hit is None:
+            return {**run.finish(5), "problem": f"no step 6 on 3 processes ({run.formed()})"}
+        seen, t_fault = hit
+        result = run.finish(timeout)
+    result["exit"][0] = "killed"
+    text = second.output()
+    after = [int(n) for n in re.findall(r"job formed: \d+ node\(s\), (\d+) process", text)]
+    m = measure(run, t_fault, ref)
+    checks = {
+        "survivors finish (exit 0)": result["exit"][1:] == [0, 0],
+        "re-formed on 2": after[-1:] == [2],
+        "digests right": bool(m.get("digests_ok")),
+        "resumed": m.get("resumed_from") is not None,
+    }
+    return {**result, **m, "world_before": seen[-1] if seen else None, "world_after": after,
+            "checks": checks}  # fmt: skip
+
+
+def sigterm_twice_one_rank(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]:
+    """SIGTERM twice, 0.2 s apart, to rank 1 only: the job stops at once with the
+    preemption status on both launchers (not 1, not retried); relaunched, it
+    finishes with every digest right."""
+    run = Run(out / "sigterm_twice_one_rank")
+    run.agent(2)
+    run.agent(1)
+    if not run.trained_at(3, 4, timeout):
+        return {**run.finish(5), "problem": f"no step 4 on 3 processes ({run.formed()})"}
+    pid = run.agents[0].rank_pid(1)
+    if pid is None:
+        return {**run.finish(5), "problem": "rank 1 not found"}
+    t_fault = time.time()
+    os.kill(pid, signal.SIGTERM)
+    time.sleep(0.2)
+    os.kill(pid, signal.SIGTERM)
+    first = run.finish(timeout)
+    text = run.output()
+    again = run.relaunch()
+    again.agent(2)
+    again.agent(1)
+    second = again.finish(timeout)
+    m = measure(again, t_fault, ref)
+    checks = {
+        "both launchers exit 3": first["exit"] == [3, 3],
+        "a stop, not a crash": "stopped (rank 1, second SIGTERM)" in text and "crash" not in text,
+        "not restarted": "restarted the workers: rank" not in text,
+        "relaunch finishes": second["exit"] == [0, 0],
+        "digests right": bool(m.get("digests_ok")),
+    }
+    return {"exit": first["exit"], "relaunch_exit": second["exit"], **m,
+            "orphans": first["orphans"] + second["orphans"], "checks": checks}  # fmt: skip
+
+
+@contextlib.contextmanager
+def _immutable(folder: Path) -> Iterator[None]:
+    """Nobody, root included, may add to or remove from `folder` (chattr +i)."""
+    subprocess.run(["chattr", "+i", str(folder)], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def checkpoint_folder_readonly(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]:
+    """The checkpoint folder cannot be written at the first save: one line naming the
+    path, exit 2 on both launchers, not retried; writable again, a relaunch finishes."""
+    run = Run(out / "checkpoint_folder_readonly")
+    run.agent(2)
+    run.agent(1)
+    ckpt = run.dump / "checkpoint"
+    if not run.trained_at(3, 1, timeout):
+        return {**run.finish(5), "problem": f"no step 1 on 3 processes ({run.formed()})"}
+    ckpt.mkdir(exist_ok=True)
+    with _immutable(ckpt):
+        first = run.finish(timeout)
+    outs = [job.output() for job in run.agents]
+    named = [_one_line(o, f"error: storage: cannot write {ckpt}/step-{INTERVAL}") for o in outs]
+    again = run.relaunch()
+    again.agent(2)
+    again.agent(1)
+    second = again.finish(timeout)
+    checks = {
+        "exit 2 on both": first["exit"] == [2, 2],
+        "one line naming the path": all(len(x["lines"]) == 1 for x in named),
+        "no traceback": not any(x["traceback"] for x in named),
+        "not retried": all("not restarting after an input error" in o for o in outs),
+        "relaunch finishes": second["exit"] == [0, 0],
+        "digests right": fi._digests_ok(
+            again.dump, {k: {"digest": d} for k, d in ref.items()}, 1, STEPS
+        )
+        is None,
+    }
+    return {"exit": first["exit"], "relaunch_exit": second["exit"],
+            "lines": [x["lines"] for x in named], "checks": checks}  # fmt: skip
+
+
+def dump_folder_readonly(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]:
+    """The dump folder is made read-only after the first checkpoint and stays so to the
+    end: the lock's renewal fails (the monitor says so once and keeps beating, so no
+    rank is taken for hung), training and its checkpoints (in their subfolder, which
+    exists by then) go on, and the lock that cannot be removed at the end does not
+    fail the finished run."""
+    steps = 30
+    run = Run(out / "dump_folder_readonly", {"training.steps": steps, "job.heartbeat_timeout_s": 8})
+    job = run.agent(2, elastic=False)
+    if not run.wait_step(INTERVAL + 1, timeout):
+        return {**run.finish(5), "problem": f"no step {INTERVAL + 1}"}
+    with _immutable(run.dump):
+        result = run.finish(timeout)
+    text = job.output()
+    checks = {
+        "finished (exit 0)": result["exit"] == [0],
+        "renewal error said once": text.count("monitor: ") == 1,
+        "release did not fail the run": "could not remove the dump-folder lock" in text,
+        "no hang reported": "sent no heartbeat" not in text,
+        "digests right": fi._digests_ok(
+            run.dump, {k: {"digest": d} for k, d in ref.items()}, 1, steps
+        )
+        is None,
+    }
+    return {**result, "checks": checks}
+
+
 def run_scenario(name: str, out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]:
     if name == "ctrl_c_twice":
         return ctrl_c(out, ref, timeout, twice=True)
@@ -439,6 +665,9 @@ def verdict(name: str, r: dict[str, Any]) -> str:
     bad = []
     if r.get("orphans"):
         bad.append(f"{r['orphans']} orphan(s)")
+    if "checks" in r:
+        bad += [what for what, ok in r["checks"].items() if not ok]
+        return "; ".join(bad) or "ok"
     if name == "divergence":
         if r["exit"] != [2] or not r["names_finite"] or r["traceback"]:
             bad.append("no clean divergence stop")
@@ -541,7 +770,7 @@ def main(argv: list[str] | None = None) -> int:
     names = pick_scenarios(p, a.scenarios, SCENARIOS)
     fi.ensure_sample_data()
     ref = data_digests(
-        STEPS, int(fi.BASE["training.seq_len"]), int(fi.BASE["training.global_batch_size"])
+        LONG_STEPS, int(fi.BASE["training.seq_len"]), int(fi.BASE["training.global_batch_size"])
     )
     t0 = time.monotonic()
     results = {}

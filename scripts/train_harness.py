@@ -8,13 +8,14 @@ on sys.path) and the tests through pytest's `pythonpath` (pyproject.toml)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,49 @@ def ensure_sample_data() -> None:
             [sys.executable, str(REPO / "scripts" / "build_sample_data.py"), "--out", str(SAMPLE)],
             check=True,
         )
+
+
+@contextlib.contextmanager
+def etcd_server(folder: Path, timeout: float = 30) -> Iterator[str]:
+    """A real etcd (Debian's etcd-server) on 127.0.0.1 with the v2 API that torchrun's
+    etcd-v2 rendezvous speaks, in `folder`; yields its client endpoint host:port."""
+    from torchtitan.distributed.utils import free_port
+
+    exe = shutil.which("etcd")
+    if exe is None:
+        raise RuntimeError("etcd is not installed: apt-get install etcd-server")
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    client, peer = free_port(), free_port()
+    cmd = [
+        exe, "--name", "rdzv", "--data-dir", str(folder / "data"), "--enable-v2=true",
+        "--listen-client-urls", f"http://127.0.0.1:{client}",
+        "--advertise-client-urls", f"http://127.0.0.1:{client}",
+        "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+        "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+        "--initial-cluster", f"rdzv=http://127.0.0.1:{peer}",
+    ]  # fmt: skip
+    with open(folder / "etcd.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        import urllib.request
+
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{client}/v2/keys", timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > end:
+                    raise RuntimeError(f"etcd did not start: see {folder / 'etcd.log'}") from None
+                time.sleep(0.1)
+        yield f"127.0.0.1:{client}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def torchrun_train(

@@ -53,11 +53,14 @@ def test_guard_skips_nonfinite_steps_and_stops_naming_the_finite_checkpoint():
     assert not guard.should_stop()
     assert not guard.update_ok(6, float("nan")) and guard.should_stop()
     assert guard.skipped == 4
-    msg = str(guard.stop_error(6, (3, "/d/checkpoint/step-3")))
-    assert "not finite at steps 4..6 (3 in a row" in msg
-    assert "newest finite checkpoint is step 3 (/d/checkpoint/step-3)" in msg
-    assert "--checkpoint.load_step 3" in msg
-    assert "no finite checkpoint was written" in str(guard.stop_error(6, None))
+    assert guard.safe_below == 3  # step 3's update produced step 4's bad loss
+    msg = str(guard.stop_error(6, (2, "/d/checkpoint/step-2", 4.25)))
+    assert "trouble began at step 4 (loss or gradient norm not finite" in msg
+    assert "steps 4..6 were bad (3 in a row" in msg
+    assert "The checkpoint of step 3, if any, holds the update that led to it" in msg
+    assert "from before the trouble began is step 2 (/d/checkpoint/step-2, loss 4.25)" in msg
+    assert "--checkpoint.load_step 2" in msg
+    assert "No checkpoint from before step 3 was kept" in str(guard.stop_error(6, None))
 
 
 def test_a_nonfinite_loss_poisons_the_gradient_norm_and_a_finite_one_changes_no_bit():
@@ -84,13 +87,15 @@ def _marked(folder: Path, step: int, finite: bool | None) -> None:
     (d / manifest.COMPLETE_FILE).write_text(json.dumps(doc))
 
 
-def test_pruning_keeps_the_newest_finite_step(tmp_path):
-    for step, finite in ((2, None), (4, True), (6, False), (8, False), (10, False)):
+def test_pruning_keeps_the_two_newest_finite_steps(tmp_path):
+    for step, finite in ((1, True), (2, None), (4, True), (6, False), (8, False), (10, False)):
         _marked(tmp_path, step, finite)
     assert manifest.newest_finite(str(tmp_path)) == 4
-    assert manifest.steps_to_prune(str(tmp_path), 2) == [2, 6]
+    assert manifest.newest_finite(str(tmp_path), below=4) == 2  # a legacy manifest: finite
+    # step 4 may hold the update that began the trouble: 2 is kept as well
+    assert manifest.steps_to_prune(str(tmp_path), 2) == [1, 6]
     assert manifest.steps_to_prune(str(tmp_path), 0) == []
-    (tmp_path / "step-4" / manifest.COMPLETE_FILE).unlink()  # 4 gone: the legacy 2 is finite
+    (tmp_path / "step-4" / manifest.COMPLETE_FILE).unlink()
     assert manifest.newest_finite(str(tmp_path)) == 2
     assert manifest.steps_to_prune(str(tmp_path), 1) == [6, 8]
 
@@ -285,16 +290,25 @@ def test_the_agents_own_sigterm_exits_at_once_and_a_second_signal_too(tmp_path, 
     try:
         # The agent marks its folder before it stops its workers: not a preemption.
         (tmp_path / preemption.AGENT_STOPPING).touch()
-        stops = preemption.StopRequests(rank=0)
+        told: list[dict[str, Any]] = []
+        stops = preemption.StopRequests(rank=1, on_stop_at_once=told.append)
         with pytest.raises(SystemExit, match=str(128 + signal.SIGTERM)):
             stops._on_signal(signal.SIGTERM, None)
-        assert not stops.requested()
-        # A preemption: the first signal is a request, the second exits at once.
+        assert not stops.requested() and not told
+        assert preemption.stop_records(str(tmp_path)) == []
+        # A preemption: the first signal is a request, the second exits at once, with
+        # the documented status (a scheduler requeues on it), a record for the
+        # launcher and word to the peers (whose collectives are about to break).
         (tmp_path / preemption.AGENT_STOPPING).unlink()
         stops._on_signal(signal.SIGTERM, None)
         assert stops.requested()
-        with pytest.raises(SystemExit, match=str(128 + signal.SIGINT)):
+        with pytest.raises(SystemExit, match="^3$"):
             stops._on_signal(signal.SIGINT, None)
+        [rec] = preemption.stop_records(str(tmp_path))
+        assert rec["rank"] == 1 and rec["at_once"] and rec["original"]
+        assert rec["reason"] == "second SIGINT"
+        assert told == [rec]
+        assert agent.no_restart_reason({3}, str(tmp_path)) is not None  # a stop: no restart
     finally:
         for s, h in saved.items():
             signal.signal(s, h)
@@ -312,12 +326,13 @@ def test_restart_records_are_cleared_and_the_root_cause_described(tmp_path):
         "rank": 2,
         "kind": "crash",
         "time": 2.0,
-        "message": "Traceback (most recent call last):\n  File x\nRuntimeError: pair closed",
+        "message": "RuntimeError: pair closed (raised at x.py:3 in f)\nTraceback (most recent "
+        "call last):\n  File x\nRuntimeError: pair closed",
     }
     user = {"rank": 3, "kind": "user", "time": 3.0, "message": "bad.toml: no such file\nmore"}
     (tmp_path / "rank-2.json").write_text(json.dumps(crash))
     assert agent.describe_failure(str(tmp_path), None) == (
-        "rank 2 failed (crash): RuntimeError: pair closed"
+        "rank 2 failed (crash): RuntimeError: pair closed (raised at x.py:3 in f)"
     )
     (tmp_path / "rank-3.json").write_text(json.dumps(user))
     assert agent.describe_failure(str(tmp_path), None) == (

@@ -117,7 +117,10 @@ class Trainer:
             cfg.checkpoint, cfg.job.dump_folder, self.model, self.optimizer, self.lr_scheduler,
             boundaries=self.plan.boundaries(),
         )  # fmt: skip
-        self.divergence = DivergenceGuard(t.max_nonfinite_steps, log=self.rank == 0)
+        self.divergence = DivergenceGuard(
+            t.max_nonfinite_steps, t.loss_spike_factor, log=self.rank == 0
+        )
+        self.last_loss: float | None = None  # the latest step's global loss, if computed
         self.step = 0
         if self.resume_from is not None and resume_doc is not None:
             self.step = self.ckpt.load(self.resume_from)
@@ -199,20 +202,25 @@ class Trainer:
 
     def train_step(self, batch: Any, n_valid: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step; returns (this rank's loss sum, gradient norm). The
-        loss is reduced only when logged (`_global_loss`); the norm, reduced over the
-        whole mesh, decides whether the update is applied (divergence.py)."""
+        norm, reduced over the whole mesh, and the global loss, when spikes are
+        tracked (else it is reduced only when logged), decide whether the update is
+        applied (divergence.py)."""
         loss_sum = self._forward_backward(batch, n_valid)
         params = list(self.model.parameters())
         fold_loss_into_grads(loss_sum, params)
         # Every gradient is a DTensor on the same mesh (FSDP x TP), so the norm
         # is taken across both.
         grad_norm = clip_grads(params, self.cfg.training.max_norm)
-        if self.divergence.update_ok(self.step, float(grad_norm.item())):
+        self.last_loss = None
+        if self.divergence.tracks_loss:
+            self.last_loss = self._global_loss(loss_sum.clone(), n_valid)
+        if self.divergence.update_ok(self.step, float(grad_norm.item()), self.last_loss):
             self.optimizer.step()
         self.lr_scheduler.step()  # a skipped step is still a step of the schedule
         self.optimizer.zero_grad(set_to_none=True)
         if self.divergence.should_stop():
-            raise self.divergence.stop_error(self.step, self.ckpt.newest_finite())
+            before = self.ckpt.newest_finite(below=self.divergence.safe_below)
+            raise self.divergence.stop_error(self.step, before)
         return loss_sum, grad_norm
 
     def _batch_counts(self, batch: Any, stop: bool = False) -> StepAgreement:
@@ -276,7 +284,10 @@ class Trainer:
                 self._log_validation()
             if self.ckpt.should_save(self.step, steps):
                 set_phase("save", self.step)
-                self.ckpt.save(self.step, self.data.gather_state, self.divergence.last_finite)
+                self.ckpt.save(
+                    self.step, self.data.gather_state, self.divergence.last_finite,
+                    loss=self.last_loss,
+                )  # fmt: skip
         self.ckpt.wait()  # an asynchronous save still in flight becomes a resume point
         if cfg.validation.enable and (val_freq <= 0 or self.step % val_freq):
             self._log_validation()
@@ -289,7 +300,9 @@ class Trainer:
         if not self.cfg.checkpoint.enable:
             return None
         finite = self.divergence.last_finite
-        if not self.ckpt.save(self.step, self.data.gather_state, finite, wait=True):
+        if not self.ckpt.save(
+            self.step, self.data.gather_state, finite, wait=True, loss=self.last_loss
+        ):
             return None
         self.ckpt.verify(self.step)
         return self.ckpt.step_dir(self.step), time.perf_counter() - t0
@@ -306,7 +319,10 @@ class Trainer:
     ) -> None:
         """Collective: reduce the step's loss (and read the norm), then log on rank 0.
         Reading them syncs with the device, so the step time is the real one."""
-        loss, norm = self._global_loss(loss_sum, n_valid), float(_full(grad_norm).item())
+        loss = self.last_loss  # reduced already when spikes are tracked
+        if loss is None:
+            loss = self._global_loss(loss_sum, n_valid)
+        norm = float(_full(grad_norm).item())
         sources = global_source_counts(
             batch, self.data.source_names, self.device, self.mesh.dp_group
         )

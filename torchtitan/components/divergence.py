@@ -9,16 +9,26 @@ gradients first (on the device, no sync), so the norm carries that too. A
 skipped step still consumes its batch and advances the LR schedule, so batches
 stay aligned with step numbers and a resume sees the same data.
 
+A loss spike counts as trouble too (`training.loss_spike_factor`): a finite global
+loss above that many times the median of the last applied steps' losses is not
+applied either. Finite but ruined parameters (a learning rate far too high)
+are what a spike catches: the first bad step's loss was computed from the
+previous step's update, so the checkpoint to go back to is one from at least two
+steps before the trouble began, and the stop message names it with its loss.
+
 Checkpoints: `params_finite` is the cheap check before a save (a reduction over
 the local shards, then one all-reduce), so a checkpoint with non-finite
 parameters is never written; the manifest records whether the saved step was
-finite, and pruning keeps the newest finite one (see checkpoint/manager.py).
+finite (and its loss), pruning keeps the two newest finite ones, and a plain
+relaunch refuses a newest checkpoint that is not finite (see checkpoint/).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import statistics
+from collections import deque
 from collections.abc import Iterable
 
 import torch
@@ -79,53 +89,104 @@ def params_finite(params: Iterable[torch.nn.Parameter], device: torch.device) ->
     return int(bad.item()) == 0
 
 
-class DivergenceGuard:
-    """Counts non-finite steps and says whether to apply each update."""
+SPIKE_WINDOW = 32  # applied steps whose losses give the running median
+SPIKE_WARMUP = 8  # losses seen before a spike can be called
 
-    def __init__(self, max_in_a_row: int, log: bool = True):
+
+class DivergenceGuard:
+    """Counts bad steps (non-finite, or a loss spike) and says whether to apply each
+    update. No collectives: it is fed the global gradient norm and loss."""
+
+    def __init__(self, max_in_a_row: int, spike_factor: float = 0.0, log: bool = True):
         self.max_in_a_row = max_in_a_row
+        self.spike_factor = spike_factor  # 0: spikes are not tracked
         self.log = log  # rank 0 only: the decision is the same everywhere
         self.in_a_row = 0
         self.skipped = 0
         self.first_bad = 0
+        self.first_reason = ""
+        self._losses: deque[float] = deque(maxlen=SPIKE_WINDOW)
+
+    @property
+    def tracks_loss(self) -> bool:
+        """Whether every step's global loss is needed (`update_ok`'s `loss`)."""
+        return self.spike_factor > 0
 
     @property
     def last_finite(self) -> bool:
         """Whether the latest step's update was applied."""
         return self.in_a_row == 0
 
-    def update_ok(self, step: int, grad_norm: float) -> bool:
-        """Whether to apply step `step`'s update, given its (global) gradient norm."""
-        if math.isfinite(grad_norm):
+    def _trouble(self, grad_norm: float, loss: float | None) -> str | None:
+        """Why a step must not be applied, or None."""
+        if not math.isfinite(grad_norm) or (loss is not None and not math.isfinite(loss)):
+            return f"loss or gradient norm not finite (norm {grad_norm}, loss {loss})"
+        if loss is None or not self.tracks_loss or len(self._losses) < SPIKE_WARMUP:
+            return None
+        median = statistics.median(self._losses)
+        if loss > self.spike_factor * median:
+            return (
+                f"loss spike: {loss:.4g} > {self.spike_factor:g} x {median:.4g}, the median of "
+                f"the last {len(self._losses)} applied steps (training.loss_spike_factor)"
+            )
+        return None
+
+    def update_ok(self, step: int, grad_norm: float, loss: float | None = None) -> bool:
+        """Whether to apply step `step`'s update, given its global gradient norm and,
+        when spikes are tracked, its global mean token loss."""
+        why = self._trouble(grad_norm, loss)
+        if why is None:
             self.in_a_row = 0
+            if loss is not None:
+                self._losses.append(loss)
             return True
         if self.in_a_row == 0:
-            self.first_bad = step
+            self.first_bad, self.first_reason = step, why
         self.in_a_row += 1
         self.skipped += 1
         if self.log:
             logger.warning(
-                f"step {step}: loss or gradient norm not finite ({grad_norm}): update skipped "
-                f"({self.in_a_row} in a row, training.max_nonfinite_steps = "
-                f"{self.max_in_a_row}; {self.skipped} skipped in this run)"
+                f"step {step}: {why}: update skipped ({self.in_a_row} in a row, "
+                f"training.max_nonfinite_steps = {self.max_in_a_row}; {self.skipped} skipped "
+                "in this run)"
             )
         return False
 
     def should_stop(self) -> bool:
         return self.in_a_row >= self.max_in_a_row
 
-    def stop_error(self, step: int, newest_finite: tuple[int, str] | None) -> TrainingDiverged:
-        """The one message of a divergence stop, naming the newest finite checkpoint
-        (its step and folder), if there is one."""
-        where = "no finite checkpoint was written"
-        if newest_finite is not None:
-            good, path = newest_finite
+    @property
+    def safe_below(self) -> int:
+        """Checkpoints of steps below this are from before the trouble began: the
+        first bad step's loss came from the update of the step before it."""
+        return self.first_bad - 1
+
+    def stop_error(
+        self, step: int, before: tuple[int, str, float | None] | None
+    ) -> TrainingDiverged:
+        """The one message of a divergence stop. `before`: (step, folder, loss) of the
+        newest finite checkpoint from before the trouble began, if there is one."""
+        if before is not None:
+            good, path, loss = before
+            at = f", loss {loss:.4g}" if loss is not None else ""
             where = (
-                f"the newest finite checkpoint is step {good} ({path}): resume from it with "
-                f"--checkpoint.load_step {good} and a smaller --optimizer.lr"
+                f"The newest checkpoint from before the trouble began is step {good} ({path}"
+                f"{at}): resume from it with --checkpoint.load_step {good} and a smaller "
+                "--optimizer.lr"
             )
+        else:
+            where = (
+                f"No checkpoint from before step {self.safe_below} was kept: start again "
+                "(another --job.dump_folder) with a smaller --optimizer.lr"
+            )
+        led = (
+            f" The checkpoint of step {self.safe_below}, if any, holds the update that led to it."
+            if self.safe_below >= 1
+            else ""
+        )
         return TrainingDiverged(
-            f"training diverged: the loss or gradient norm was not finite at steps "
-            f"{self.first_bad}..{step} ({self.in_a_row} in a row, training.max_nonfinite_steps "
-            f"= {self.max_in_a_row}); their updates were skipped and the job stops. {where}"
+            f"training diverged: trouble began at step {self.first_bad} "
+            f"({self.first_reason}); steps {self.first_bad}..{step} were bad ({self.in_a_row} "
+            f"in a row, training.max_nonfinite_steps = {self.max_in_a_row}), their updates "
+            f"were skipped and the job stops.{led} {where}"
         )

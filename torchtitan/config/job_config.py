@@ -86,9 +86,13 @@ class Training:
     log_init_digest: bool = False
     """Log a SHA-256 of the initial weights (gathers full tensors: small models only)."""
     max_nonfinite_steps: int = 3
-    """A step whose loss or gradient norm is NaN/inf is not applied (its batch is still
-    consumed); this many such steps in a row stop the job (exit 2) with a message naming
-    the newest finite checkpoint."""
+    """A step whose loss or gradient norm is NaN/inf, or whose loss spikes, is not applied
+    (its batch is still consumed); this many such steps in a row stop the job (exit 2)
+    with a message naming the newest checkpoint from before the trouble began."""
+    loss_spike_factor: float = 4.0
+    """A finite global loss above this many times the median loss of the last 32 applied
+    steps is a spike, treated like a non-finite step; 0 turns spike tracking off (it
+    costs one scalar all-reduce per step)."""
 
 
 @dataclass
@@ -426,6 +430,7 @@ def _check_ranges(cfg: JobConfig, provenance: dict[tuple[str, str], str]) -> Non
         ("training", "steps", lambda v: v >= 0, "an integer >= 0 (0: initialise only)"),
         ("training", "max_norm", lambda v: v > 0, "a number > 0"),
         ("training", "max_nonfinite_steps", lambda v: v >= 1, "an integer >= 1"),
+        ("training", "loss_spike_factor", lambda v: v == 0 or v > 1, "0 (off) or a number > 1"),
         (
             "parallelism",
             "data_parallel_replicate_degree",

@@ -5,6 +5,12 @@ torchrun's LocalElasticAgent already restarts the workers (stop, rendezvous,
 start) when one fails (counted against `--max-restarts`) and when a node waits
 to join (not counted); the trainer then resumes from the newest complete
 checkpoint at whatever size the rendezvous gave it. On top of that:
+- the restart budget renews: `--max-restarts N` allows N failures within any
+  window of `TORCHTITAN_RESTART_WINDOW_S` seconds (run_train.sh's
+  RESTART_WINDOW, default an hour); older failures are forgotten, so a week-long
+  job is not ended by its fourth node loss of the week. Each restart says
+  "failure 2 of 3 in the last hour"; membership changes (a node joining) never
+  count;
 - input errors are not retried: a worker that exits 2 (bad config or data, a
   held dump-folder lock, a divergence stop) ends the job, and so does a failure
   while a stop (preemption) is pending;
@@ -40,6 +46,8 @@ import json
 import os
 import signal
 import sys
+import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -49,10 +57,19 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torchtitan.runtime import failure, preemption
 
 _running = False  # whether this launcher's workers run now (read by the signal handlers)
+_formed = False  # whether a rendezvous of this launcher ever completed (read by the launcher)
+WINDOW_ENV = "TORCHTITAN_RESTART_WINDOW_S"
+DEFAULT_WINDOW_S = 3600.0
 
 
 def workers_running() -> bool:
     return _running
+
+
+def job_formed() -> bool:
+    """Whether this launcher's job ever formed: a rendezvous lost after that is the
+    loss of its host; one that never completed is an endpoint that cannot be reached."""
+    return _formed
 
 
 def say(message: str) -> None:
@@ -83,8 +100,9 @@ def describe_failure(folder: str, result: RunResult | None) -> str:
     if recs:
         rec = min(recs, key=lambda r: (r.get("kind") != "user", r.get("time", 0)))
         lines = [x.strip() for x in str(rec.get("message", "")).splitlines() if x.strip()]
-        # A traceback's last line names the exception; a user error's first line says it all.
-        text = (lines[-1] if rec.get("kind") == "crash" else lines[0])[:200] if lines else ""
+        # The first line says it all: a user error's message, a crash's exception and
+        # where it was raised (failure.describe).
+        text = lines[0][:200] if lines else ""
         return f"rank {rec.get('rank')} failed ({rec.get('kind')}): {text}"
     parts = []
     for rank, f in sorted((result.failures if result else {}).items()):
@@ -101,7 +119,52 @@ def no_restart_reason(exit_codes: set[int], folder: str) -> str | None:
         return f"an input error (exit {failure.EXIT_USER})"
     if os.path.exists(os.path.join(folder, preemption.STOP_REQUEST)):
         return "a stop request"
+    if preemption.original_stop(preemption.stop_records(folder)) is not None:
+        return "a stop (a rank was asked to stop at once)"
     return None
+
+
+def _span(seconds: float) -> str:
+    if seconds == 3600:
+        return "hour"
+    if seconds % 3600 == 0:
+        return f"{seconds / 3600:g} hours"
+    if seconds % 60 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g}s"
+
+
+class RestartBudget:
+    """At most `limit` failures within any `window_s` seconds; a failure older than
+    the window is forgotten. No threads, and the clock is injected for the tests."""
+
+    def __init__(self, limit: int, window_s: float, clock: Callable[[], float] = time.monotonic):
+        self.limit, self.window_s, self._clock = limit, window_s, clock
+        self._failures: list[float] = []
+
+    def failure(self) -> tuple[bool, str]:
+        """Count a failure now: (whether a restart is allowed, the log's words)."""
+        now = self._clock()
+        self._failures = [t for t in self._failures if now - t < self.window_s]
+        self._failures.append(now)
+        n = len(self._failures)
+        words = f"failure {n} of {self.limit} in the last {_span(self.window_s)}"
+        return n <= self.limit, words
+
+
+def window_from_env() -> float:
+    """`TORCHTITAN_RESTART_WINDOW_S`: a positive number of seconds (default an hour)."""
+    text = os.environ.get(WINDOW_ENV, "")
+    try:
+        value = float(text) if text else DEFAULT_WINDOW_S
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(
+            f"{WINDOW_ENV}={text!r} (RESTART_WINDOW in run_train.sh) is invalid: expected "
+            "a positive number of seconds"
+        )
+    return value
 
 
 class PolicyAgent(LocalElasticAgent):
@@ -115,6 +178,9 @@ class PolicyAgent(LocalElasticAgent):
         settings = getattr(spec.rdzv_handler, "settings", None)
         ranged = settings is not None and settings.min_nodes != settings.max_nodes
         self._elastic = spec.max_restarts > 0 or ranged
+        self._budget = RestartBudget(spec.max_restarts, window_from_env())
+        self._budget_words = ""
+        self._restart_line = ""
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         global _running
@@ -126,28 +192,46 @@ class PolicyAgent(LocalElasticAgent):
         self._why = describe_failure(self._error_dir, result)
         codes = {f.exitcode for f in result.failures.values()}
         why_not = no_restart_reason(codes, self._error_dir)
-        if self._remaining_restarts > 0 and why_not is not None:
-            say(f"not restarting after {why_not}: {self._why}")
+        if why_not is not None:
+            if self._budget.limit > 0:
+                say(f"not restarting after {why_not}: {self._why}")
             self._remaining_restarts = 0
+            return result
+        if self._budget.limit > 0:
+            allowed, self._budget_words = self._budget.failure()
+            if not allowed:
+                say(
+                    f"not restarting: {self._budget_words} (MAX_RESTARTS per "
+                    f"RESTART_WINDOW): {self._why}"
+                )
+            # torchrun restarts while this is positive and then takes one off.
+            self._remaining_restarts = 1 if allowed else 0
         return result
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
-        spec = worker_group.spec
+        # Said once the job re-formed: a rendezvous that fails instead (its host is
+        # gone) ends the job with the launcher's one line, not a "restarting" line.
         if worker_group.state == WorkerState.HEALTHY:
-            why = "membership change: a node waits to join"
+            self._restart_line = (
+                "restarted the workers: membership change: a node joined (not counted)"
+            )
         else:
             why = self._why or "worker failure"
-        used = spec.max_restarts - self._remaining_restarts
-        say(
-            f"restarting the workers: {why} (failure restarts used: {used} of "
-            f"{spec.max_restarts}; membership changes are not counted)"
-        )
+            self._restart_line = (
+                f"restarted the workers: {why} ({self._budget_words}; membership changes "
+                "are not counted)"
+            )
         clear_records(self._error_dir)
         self._why = None
         super()._restart_workers(worker_group)
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        global _formed
         super()._rendezvous(worker_group)
+        _formed = True
+        if self._restart_line:
+            say(self._restart_line)
+            self._restart_line = ""
         if self._elastic:
             world = worker_group.workers[0].world_size if worker_group.workers else 0
             ranks = [w.global_rank for w in worker_group.workers]

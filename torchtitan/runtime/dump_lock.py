@@ -8,6 +8,11 @@ fresh. A dead holder's lock is taken over (with a warning). A holder with this
 job's own run id (`TORCHELASTIC_RUN_ID`) is an earlier attempt of the same
 job, before an elastic restart: the new rank 0, on whatever host, takes it over
 at once, and the old holder stops renewing a lock that is no longer its own.
+
+Renewal errors (a dump folder made read-only) propagate to the monitor thread,
+which reports them and retries; `release` never raises: a run that finished and
+saved must not be turned into a failure by the lock file it leaves behind (its
+lease lets the next job take it over).
 """
 
 from __future__ import annotations
@@ -98,12 +103,7 @@ class DumpLock:
                 if holder is None:
                     continue  # released meanwhile: try again
                 if self._holder_alive(holder):
-                    raise DumpFolderLocked(
-                        f"{os.path.dirname(self.path)} is in use by another job: pid "
-                        f"{holder.get('pid')} on {holder.get('host')}, started "
-                        f"{holder.get('started')} ({self.path}). Stop that job or choose "
-                        "another --job.dump_folder"
-                    ) from None
+                    raise DumpFolderLocked(self._refusal(holder)) from None
                 whose = (
                     f"an earlier attempt of this job (run id {self.me['run_id']})"
                     if self._same_job(holder)
@@ -127,6 +127,22 @@ class DumpLock:
             return
         raise DumpFolderLocked(f"{self.path}: could not take the lock (another job races for it)")
 
+    def _refusal(self, holder: dict[str, Any]) -> str:
+        """Who holds the folder, and what frees it."""
+        msg = (
+            f"{os.path.dirname(self.path)} is in use by another job: pid {holder.get('pid')} "
+            f"on {holder.get('host')}, started {holder.get('started')} ({self.path}). Stop "
+            "that job or choose another --job.dump_folder"
+        )
+        if holder.get("host") == self.me["host"]:
+            return msg + " (the lock frees when that process ends)"
+        lease = float(holder.get("lease_s", LEASE_S))
+        left = max(0.0, lease - (time.time() - float(holder.get("renewed", 0))))
+        return msg + (
+            f". Its lease frees the lock {lease:.0f}s after the holder's last renewal: "
+            f"{left:.0f}s from now if that job is already gone"
+        )
+
     def _mine(self, holder: dict[str, Any] | None) -> bool:
         return (
             bool(holder)
@@ -142,12 +158,24 @@ class DumpLock:
         if not self._mine(self._read()):
             self.held = False
             return
-        atomic_write(self.path, self._doc())
+        try:
+            atomic_write(self.path, self._doc())
+        except OSError as exc:  # the same words every time: the monitor reports it once
+            raise OSError(
+                exc.errno, f"cannot renew the dump-folder lock {self.path}: {exc.strerror}"
+            ) from exc
         self._renewed = time.time()
 
     def release(self) -> None:
+        """Remove the lock if it is still ours; an error is logged, never raised."""
         if not self.held:
             return
-        if self._mine(self._read()):
-            os.remove(self.path)
         self.held = False
+        try:
+            if self._mine(self._read()):
+                os.remove(self.path)
+        except OSError as exc:
+            logger.warning(
+                f"could not remove the dump-folder lock {self.path} ({exc}); the next job "
+                f"takes it over once its lease ({LEASE_S:.0f}s) has run out"
+            )

@@ -8,8 +8,10 @@ them without carrying the guard around.
 
 from __future__ import annotations
 
+from typing import Any
+
 from torchtitan.config.job_config import JobConfig
-from torchtitan.runtime import failure
+from torchtitan.runtime import failure, preemption
 from torchtitan.runtime.dump_lock import DumpLock
 from torchtitan.runtime.monitor import RankMonitor, connect_store
 from torchtitan.runtime.preemption import StopRequests
@@ -39,8 +41,16 @@ class JobGuard:
         self.monitor: RankMonitor | None = RankMonitor(
             store, rank, world_size, cfg.job.heartbeat_timeout_s, on_tick, on_exit
         )
-        self.stop = StopRequests(rank, on_exit)
+        self.stop = StopRequests(rank, on_exit, self._publish_stop)
+        self.monitor.stop_requests = self.stop
         _current = self
+
+    def _publish_stop(self, rec: dict[str, Any]) -> None:
+        """Tell every rank that this one stopped at once (they report a stop, not a crash)."""
+        if self.monitor is not None:
+            self.monitor.publish_failure(
+                failure.record(self.rank, preemption.STOPPED_KIND, rec["reason"])
+            )
 
     def start(self) -> None:
         """Start heartbeats, then (rank 0) take the lock: may raise DumpFolderLocked."""
@@ -56,8 +66,20 @@ class JobGuard:
             # A broken collective is most often a peer that failed first: its
             # report is the one to show, and this rank leaves quietly.
             peer = self.monitor.wait_peer_failure(3 * self.monitor.interval)
+            if peer is not None and peer["kind"] == preemption.STOPPED_KIND:
+                self.stop.stop_at_once(
+                    f"rank {peer['rank']} stopped at once ({peer['message']})", follows=peer["rank"]
+                )
             if peer is not None:
+                if not failure.recorded_here(peer):  # another node's: tell this node's launcher
+                    failure.write_record(peer, name="summary.json")
                 return failure.KINDS.get(peer["kind"], failure.EXIT_CRASH)
+        if kind == "crash" and self.stop.requested():
+            # Peers that go away during a requested stop end it early: still a stop.
+            self.stop.stop_at_once(
+                f"{self.stop.reason()}, then the collective failed "
+                f"({failure.raised_at(exc).split(' (raised at')[0][:160]})"
+            )
         return failure.report(self.rank, kind, message, self.monitor)
 
     def close(self, code: int) -> None:

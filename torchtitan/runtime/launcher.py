@@ -6,8 +6,8 @@ node (`TORCHTITAN_ERROR_DIR`); a failing rank writes its message there (see
 failure.py). On failure the launcher prints that message, instead of
 torchrun's ChildFailedError report, whatever rank it came from, so
 `--local-ranks-filter 0` hides nothing, and exits 2 for the user's input, 1
-for anything else. On node 0 a failure of another node arrives as global
-rank 0's summary.
+for anything else. A failure of another node arrives as a summary that a rank
+of this node wrote when the failure ended it.
 
 Elastic launches (`--nnodes MIN:MAX`, `--max-restarts`) use the restart
 policy of agent.py. SIGTERM, SIGINT (Ctrl-C) and SIGUSR1 are the launcher's
@@ -29,13 +29,17 @@ import sys
 import tempfile
 from typing import Any
 
+import torch.distributed as dist
+
 from torchtitan.runtime import failure, preemption
 
 
 def _records(folder: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     own, summary = [], None
     for name in sorted(os.listdir(folder)):
-        if not name.endswith(".json"):
+        if not name.endswith(".json") or name.startswith(
+            (preemption.STOPPED_PREFIX, preemption.STOP_REQUEST)
+        ):
             continue
         try:
             with open(os.path.join(folder, name), encoding="utf-8") as f:
@@ -77,17 +81,61 @@ def report_failures(folder: str, failures: dict[int, Any]) -> int:
     return failure.EXIT_CRASH
 
 
+def report_end(folder: str, failures: dict[int, Any]) -> int:
+    """After workers failed: a rank told to stop at once is the root cause of what
+    followed; else a rank's own failure record, or a worker that ended otherwise than
+    a stop does (killed by a signal: an out-of-memory kill, say), outranks the stops
+    that followed it (a peer whose collective broke during a requested stop); else
+    the stop."""
+    records = preemption.stop_records(folder)
+    own, summary = _records(folder)
+    stop_codes = {0, preemption.exit_code()}
+    other_end = any(getattr(f, "exitcode", None) not in stop_codes for f in failures.values())
+    if preemption.original_stop(records) is None and (own or summary or other_end):
+        return report_failures(folder, failures)
+    stopped = report_stop(folder)
+    return report_failures(folder, failures) if stopped is None else stopped
+
+
 def report_stop(folder: str) -> int | None:
     """After the workers exited: the preemption exit status, with one line, if
-    they stopped early with a checkpoint; None otherwise."""
+    they stopped early (with a checkpoint, or at once); None otherwise."""
     records = preemption.stop_records(folder)
     if not records:
         return None
     code = preemption.exit_code()
-    rec = records[0]
+    # A rank that stopped at once outranks the ranks that saw it go.
+    rec = min(records, key=lambda r: (not r.get("original"), not r.get("at_once"), r["rank"]))
+    where = f"at step {rec['step']} " if rec.get("step") is not None else ""
+    who = f"rank {rec['rank']}, " if rec.get("at_once") else ""
     print(
-        f"stopped at step {rec['step']} ({rec['reason']}): {rec['what']}; exit {code} "
+        f"stopped {where}({who}{rec['reason']}): {rec['what']}; exit {code} "
         "(run the same command again to resume)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return code
+
+
+def report_rendezvous_lost(args: Any, exc: BaseException, formed: bool) -> int:
+    """One line for a rendezvous that failed: after the job formed, its host (c10d:
+    the first node's agent; etcd-v2: the etcd server) is gone and the job can be
+    requeued (the preemption status); before, the endpoint is wrong (exit 2)."""
+    where = f"{args.rdzv_endpoint} ({args.rdzv_backend} rendezvous)"
+    what = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+    if not formed:
+        print(
+            f"error: cannot reach the rendezvous at {where}: {what}; check RDZV_ENDPOINT",
+            file=sys.stderr,
+            flush=True,
+        )
+        return failure.EXIT_USER
+    code = preemption.exit_code()
+    host = "the rendezvous host" if args.rdzv_backend == "c10d" else "the rendezvous server"
+    print(
+        f"error: lost {host} {where}: {what}; the job cannot re-form without it (with "
+        f"RDZV_BACKEND=etcd-v2 no node is special); exit {code}: run the same command "
+        "again on every node to resume from the newest complete checkpoint",
         file=sys.stderr,
         flush=True,
     )
@@ -98,9 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
 
     from torchtitan.runtime import agent
 
+    # run_train.sh quietens the launcher's C++ warnings; its workers get the user's level.
+    user_level = os.environ.pop("TORCHTITAN_USER_CPP_LOG_LEVEL", None)
+    if user_level == "unset":
+        os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
+    elif user_level is not None:
+        os.environ["TORCH_CPP_LOG_LEVEL"] = user_level
     folder = tempfile.mkdtemp(prefix="torchtitan-errors-")
     os.environ[failure.ERROR_DIR_ENV] = folder
     # A fresh store per rendezvous round (the agent's shared store keeps the keys
@@ -108,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
     args.signals_to_handle = "SIGHUP,SIGQUIT"  # the stop signals are ours
+    try:
+        agent.window_from_env()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return failure.EXIT_USER
     agent.install(folder)
     # torchrun's own reports repeat what report_failures and agent.say print; its
     # modules set their loggers' levels themselves, so each is quietened.
@@ -121,8 +181,19 @@ def main(argv: list[str] | None = None) -> int:
         stopped = report_stop(folder)
         return 0 if stopped is None else stopped
     except ChildFailedError as exc:
-        stopped = report_stop(folder)
-        return report_failures(folder, exc.failures) if stopped is None else stopped
+        return report_end(folder, exc.failures)
+    except (RendezvousError, dist.DistError) as exc:
+        # Closing the rendezvous after the workers failed finds its host gone (the
+        # host's launcher ended on the same failure): the workers' failure is the news.
+        failed = exc.__context__
+        if isinstance(failed, ChildFailedError):
+            return report_end(folder, failed.failures)
+        own, summary = _records(folder)
+        if own or summary or preemption.stop_records(folder):
+            # A worker's failure (or another node's, summarised here) came first: the
+            # host's launcher ended on it, which is why the rendezvous is gone.
+            return report_end(folder, {})
+        return report_rendezvous_lost(args, exc, agent.job_formed())
     except SignalException as exc:
         first = signals.received or signal.Signals(exc.sigval).name
         print(

@@ -13,6 +13,11 @@ Every rank runs one daemon thread that, every `interval` seconds:
   process at once (no rank is left waiting in a collective for a dead peer);
 - checks that the launcher is still there (the parent process and the store):
   an orphan of a killed launcher exits instead of writing on.
+
+The thread outlives its own errors: an `on_tick` that raises (a dump folder
+made read-only under the lock's renewal) is logged once per distinct error and
+retried at the next tick, and the heartbeats go on; a silent monitor would
+make the peers kill a healthy rank as hung.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from torchtitan.runtime import failure
+from torchtitan.runtime import failure, preemption
 
 logger = logging.getLogger("torchtitan")
 
@@ -97,6 +102,8 @@ class RankMonitor:
         self.interval = min(2.0, max(timeout_s / 5, 0.2)) if timeout_s > 0 else 2.0
         self.on_tick = on_tick  # e.g. renewing the dump-folder lock's lease
         self.on_exit = on_exit  # e.g. releasing that lock when a peer's failure ends us
+        # This rank's stop requests: a peer's stop at once ends it as a stop (set by the guard).
+        self.stop_requests: preemption.StopRequests | None = None
         self.phase, self.step = "startup", 0
         self._phase_since = clock()
         self.host, self.pid = socket.gethostname(), os.getpid()
@@ -106,6 +113,7 @@ class RankMonitor:
         self._watched = (rank + 1) % world_size if world_size > 1 else None
         self._seen: tuple[str, float] | None = None
         self._store_ok = time.monotonic()  # the last time the store answered
+        self._tick_error: str | None = None  # the last on_tick error reported
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="torchtitan-monitor", daemon=True)
 
@@ -171,9 +179,13 @@ class RankMonitor:
             time.sleep(0.1)
 
     def _exit_for(self, rec: dict[str, Any]) -> None:
-        """Another rank failed: end now. Global rank 0 summarises a failure of
-        another node for its own node's launcher."""
-        if self.rank == 0 and rec["host"] != self.host:
+        """Another rank failed: end now. A failure of another node is summarised for
+        this node's launcher, so every node's launcher prints the root cause."""
+        if rec["kind"] == preemption.STOPPED_KIND and self.stop_requests is not None:
+            self.stop_requests.stop_at_once(
+                f"rank {rec['rank']} stopped at once ({rec['message']})", follows=rec["rank"]
+            )
+        if not failure.recorded_here(rec):  # a failure of another node: say it on this one too
             failure.write_record(rec, name="summary.json")
         if self.on_exit is not None:
             self.on_exit()
@@ -201,7 +213,7 @@ class RankMonitor:
             if self.parent is not None and os.getppid() != self.parent:
                 self._orphan("its launcher (parent process) is gone")
             if self.on_tick is not None:
-                self.on_tick()
+                self._tick()
             if self.store is None:
                 continue
             try:
@@ -216,6 +228,21 @@ class RankMonitor:
                 # Wall time, not a count of errors: a store that hangs fails slowly.
                 if time.monotonic() - self._store_ok >= 10 and not self._done.is_set():
                     self._orphan(f"the rendezvous store stopped answering ({exc})")
+
+    def _tick(self) -> None:
+        """Run `on_tick`; report an error of it once (and its end), never die of it."""
+        assert self.on_tick is not None
+        try:
+            self.on_tick()
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}"
+            if text != self._tick_error:
+                logger.warning(f"rank {self.rank}: monitor: {text}; retrying every tick")
+                self._tick_error = text
+            return
+        if self._tick_error is not None:
+            logger.warning(f"rank {self.rank}: monitor: recovered from '{self._tick_error}'")
+            self._tick_error = None
 
     def _orphan(self, why: str) -> None:
         print(

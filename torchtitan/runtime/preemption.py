@@ -9,7 +9,11 @@ The ranks agree on the stop step through a flag in the all-reduce they run at
 every step anyway (train.py `_batch_counts`): every rank trains that step,
 saves and verifies its checkpoint, and exits; the launcher then exits with
 `PREEMPT_EXIT_CODE` (default 3) so a scheduler can requeue the job. A second
-signal stops at once.
+signal stops at once, to the launcher or to any one rank, and still exits with
+that status: the rank that stops at once leaves a stop record for its launcher
+and publishes it in the store (`kind = "stopped"`), so its peers, whose
+collectives break, report the stop and not a crash. A rank whose collective
+breaks while a stop is requested reports the stop too.
 
 The agent's own SIGTERM to its workers (before a restart after a membership
 change or a failure, or at teardown) is not a preemption: the launcher marks its
@@ -37,6 +41,11 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 STOP_REQUEST = "stop-request.json"
 AGENT_STOPPING = "agent-stopping"
 STOPPED_PREFIX = "stopped-"
+STOPPED_KIND = "stopped"  # a failure record's kind for a stop at once (monitor.py)
+AT_ONCE = (
+    "stopped at once: no checkpoint of the step in flight; the newest complete checkpoint "
+    "is the resume point"
+)
 EXIT_CODE_ENV = "PREEMPT_EXIT_CODE"
 EXIT_PREEMPTED = 3
 
@@ -69,9 +78,15 @@ def _name(signum: int) -> str:
 class StopRequests:
     """A rank's view of stop requests: its own signals and its launcher's mark."""
 
-    def __init__(self, rank: int, on_exit: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        rank: int,
+        on_exit: Callable[[], None] | None = None,
+        on_stop_at_once: Callable[[dict[str, Any]], None] | None = None,
+    ):
         self.rank = rank
         self.on_exit = on_exit  # e.g. releasing the dump-folder lock before an immediate exit
+        self.on_stop_at_once = on_stop_at_once  # e.g. telling the peers through the store
         self.folder = os.environ.get(ERROR_DIR_ENV) or None
         self.signal: str | None = None
         for sig in STOP_SIGNALS:
@@ -84,12 +99,10 @@ class StopRequests:
     def _on_signal(self, signum: int, frame: Any) -> None:
         stopping = self._mark(AGENT_STOPPING)
         if stopping is not None and os.path.exists(stopping):
-            self._exit_now(signum, None)  # the agent restarts or tears down the workers
+            self._exit_now(signum)  # the agent restarts or tears down the workers
         name = _name(signum)
         if self.signal is not None:
-            self._exit_now(
-                signum, f"second {name}: stopping at once; steps since the last checkpoint are lost"
-            )
+            self.stop_at_once(f"second {name}", tell_peers=True)
         self.signal = name
         if self.rank == 0:
             logger.warning(
@@ -97,13 +110,46 @@ class StopRequests:
                 f"exiting ({name} again: stop at once)"
             )
 
-    def _exit_now(self, signum: int, why: str | None) -> None:
-        if why and self.rank == 0:
-            print(why, file=sys.stderr, flush=True)
+    def _exit_now(self, signum: int) -> None:
         if self.on_exit is not None:
             self.on_exit()
         sys.stdout.flush()
         os._exit(128 + signum)
+
+    def stop_at_once(
+        self, reason: str, tell_peers: bool = False, follows: int | None = None
+    ) -> None:
+        """End this process now with the preemption status, leaving a stop record for
+        the launcher (and, `tell_peers`, for the other ranks through the store);
+        `follows`: the rank whose stop at once ended this one."""
+        rec = {"rank": self.rank, "step": None, "reason": reason, "what": AT_ONCE, "at_once": True}
+        # The root cause (a second signal to this rank), or a consequence of another
+        # rank's stop or of a collective broken during a requested stop.
+        rec["original"] = tell_peers
+        if follows is not None:
+            rec["follows"] = follows
+        self.write_record(rec)
+        if tell_peers and self.on_stop_at_once is not None:
+            try:
+                self.on_stop_at_once(rec)
+            except Exception:
+                pass  # the store may be gone already: the exit status still says it
+        if self.folder is None:  # no launcher to say it
+            print(f"rank {self.rank}: {reason}: {AT_ONCE}", file=sys.stderr, flush=True)
+        if self.on_exit is not None:
+            self.on_exit()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code())
+
+    def write_record(self, rec: dict[str, Any]) -> None:
+        """A stop record for this node's launcher (none without a launcher)."""
+        mark = self._mark(f"{STOPPED_PREFIX}{self.rank}.json")
+        if mark is not None:
+            try:
+                atomic_write(mark, json.dumps(rec))
+            except OSError:
+                pass  # the launcher's folder is gone: it is gone too
 
     def requested(self) -> bool:
         """Whether this rank was asked to stop: a signal, or its launcher's mark."""
@@ -134,8 +180,7 @@ class StopRequests:
             logger.warning(f"preempted at step {step} ({self.reason()}): {what}")
         if self.folder is None:
             return exit_code()
-        record = {"rank": self.rank, "step": step, "reason": self.reason(), "what": what}
-        atomic_write(self._mark(f"{STOPPED_PREFIX}{self.rank}.json") or "", json.dumps(record))
+        self.write_record({"rank": self.rank, "step": step, "reason": self.reason(), "what": what})
         return 0
 
 
@@ -176,6 +221,12 @@ class LauncherSignals:
         raise SignalException(
             f"{name} {'with no worker running' if first else 'again'}", sigval=signal.SIGKILL
         )
+
+
+def original_stop(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The record of a rank that was itself told to stop at once (a second signal),
+    if any: the root cause of every failure it leads to."""
+    return next((r for r in records if r.get("original")), None)
 
 
 def stop_records(folder: str) -> list[dict[str, Any]]:

@@ -155,7 +155,7 @@ class CheckpointManager:
         self.rank = dist.get_rank()
         self._device = next(model.parameters()).device
         # (step, loader document, DCP future, finite) of an asynchronous save in flight.
-        self._pending: tuple[int, dict[str, Any] | None, Future, bool] | None = None
+        self._pending: tuple[int, dict[str, Any] | None, Future, bool, float | None] | None = None
         self._async_pg: dist.ProcessGroup | None = None
         if cfg.async_mode == "async":
             # The background writer runs its collectives on a (CPU) group of its
@@ -200,10 +200,13 @@ class CheckpointManager:
             step % self.cfg.interval == 0 or step == last_step or step in self.boundaries
         )
 
-    def newest_finite(self) -> tuple[int, str] | None:
-        """(step, folder) of the newest complete checkpoint recorded finite."""
-        step = manifest.newest_finite(self.folder)
-        return None if step is None else (step, self.step_dir(step))
+    def newest_finite(self, below: int | None = None) -> tuple[int, str, float | None] | None:
+        """(step, folder, loss) of the newest complete checkpoint recorded finite
+        (of a step below `below`, if given)."""
+        step = manifest.newest_finite(self.folder, below)
+        if step is None:
+            return None
+        return step, self.step_dir(step), manifest.step_loss(self.folder, step)
 
     def save(
         self,
@@ -211,8 +214,10 @@ class CheckpointManager:
         loader_state: Callable[[], dict[str, Any] | None],
         finite: bool = True,
         wait: bool = False,
+        loss: float | None = None,
     ) -> bool:
-        """Save `step` (collective); `finite`: its update was applied. `loader_state` is
+        """Save `step` (collective); `finite`: its update was applied; `loss`: its global
+        loss, for the manifest (the divergence advice names it). `loader_state` is
         collective; it returns the document on rank 0. Parameters that are not all
         finite are never written: returns False and logs why. `wait`: finish an
         asynchronous save before returning."""
@@ -240,13 +245,13 @@ class CheckpointManager:
                 {"train": self.state}, checkpoint_id=path, process_group=self._async_pg
             )
             future = getattr(result, "upload_completion", result)
-            self._pending = (step, doc, future, finite)
+            self._pending = (step, doc, future, finite, loss)
             logger.info(f"checkpoint {path}: staged in {time.perf_counter() - t0:.2f}s, writing")
             if wait:
                 self.wait()
             return True
         dcp.save({"train": self.state}, checkpoint_id=path)
-        self.finalize_step_folder(step, loader_state(), finite)
+        self.finalize_step_folder(step, loader_state(), finite, loss)
         logger.info(f"saved checkpoint {path} in {time.perf_counter() - t0:.2f}s")
         return True
 
@@ -272,17 +277,17 @@ class CheckpointManager:
         """Collective: finish an asynchronous save in flight, if any."""
         if self._pending is None:
             return
-        step, doc, future, finite = self._pending
+        step, doc, future, finite, loss = self._pending
         self._pending = None
         t0 = time.perf_counter()
         future.result()  # raises if writing the DCP files failed
-        self.finalize_step_folder(step, doc, finite)
+        self.finalize_step_folder(step, doc, finite, loss)
         logger.info(
             f"saved checkpoint {self.step_dir(step)} (waited {time.perf_counter() - t0:.2f}s)"
         )
 
     def finalize_step_folder(
-        self, step: int, doc: dict[str, Any] | None, finite: bool = True
+        self, step: int, doc: dict[str, Any] | None, finite: bool = True, loss: float | None = None
     ) -> None:
         """Collective, once the DCP files of `step` are durable on every rank: write
         the loader state, then the completion marker that makes it a resume point."""
@@ -303,7 +308,7 @@ class CheckpointManager:
         dist.all_gather_object(entries, mine)
         if self.rank == 0:
             files = {k: v for part in entries for k, v in part.items()}
-            marker = manifest.manifest_document(step, dist.get_world_size(), files, finite)
+            marker = manifest.manifest_document(step, dist.get_world_size(), files, finite, loss)
             atomic_write(os.path.join(path, COMPLETE_FILE), json.dumps(marker, indent=1))
             self._purge()
         dist.barrier()

@@ -79,11 +79,16 @@ def files_of_rank(step_dir: str, rank: int) -> list[str]:
 
 
 def manifest_document(
-    step: int, world_size: int, files: dict[str, Any], finite: bool = True
+    step: int,
+    world_size: int,
+    files: dict[str, Any],
+    finite: bool = True,
+    loss: float | None = None,
 ) -> dict[str, Any]:
-    """`finite`: the step's loss and gradient norm were finite (its update was
-    applied); pruning keeps the newest finite step (see `newest_finite`)."""
-    return {
+    """`finite`: the step's update was applied (its loss and gradient norm were
+    finite, and no spike); pruning keeps the two newest finite steps (see
+    `steps_to_prune`). `loss`: the step's global loss, when the trainer computed it."""
+    doc = {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
         "step": step,
@@ -93,6 +98,9 @@ def manifest_document(
         "finite": finite,
         "files": dict(sorted(files.items())),
     }
+    if loss is not None:
+        doc["loss"] = loss
+    return doc
 
 
 @dataclass
@@ -230,9 +238,26 @@ def step_finite(folder: str, step: int) -> bool:
     return not (isinstance(doc, dict) and doc.get("finite") is False)
 
 
-def newest_finite(folder: str) -> int | None:
-    """The newest marked step recorded finite, or None."""
-    return next((s for s in reversed(marked_steps(folder)) if step_finite(folder, s)), None)
+def finite_steps(folder: str, below: int | None = None) -> list[int]:
+    """The marked steps recorded finite (below `below`, if given), oldest first."""
+    steps = [s for s in marked_steps(folder) if step_finite(folder, s)]
+    return [s for s in steps if below is None or s < below]
+
+
+def newest_finite(folder: str, below: int | None = None) -> int | None:
+    """The newest marked step recorded finite (below `below`, if given), or None."""
+    steps = finite_steps(folder, below)
+    return steps[-1] if steps else None
+
+
+def step_loss(folder: str, step: int) -> float | None:
+    """The loss a step's manifest recorded, if any."""
+    try:
+        doc = _read_json(os.path.join(folder, f"step-{step}", COMPLETE_FILE))
+    except CheckpointError:
+        return None
+    loss = doc.get("loss") if isinstance(doc, dict) else None
+    return float(loss) if isinstance(loss, int | float) else None
 
 
 def steps_to_prune(
@@ -240,13 +265,15 @@ def steps_to_prune(
 ) -> list[int]:
     """Complete steps that `keep_latest_k` removes: all but the newest k of
     `candidates` (default: every complete step; the caller leaves out what is never
-    pruned, e.g. phase boundaries), except the newest finite step, whatever its age
-    (a run that diverged keeps its last good state). 0 keeps everything."""
+    pruned, e.g. phase boundaries), except the two newest finite steps, whatever
+    their age: a run that diverged keeps its last good state, and the newest finite
+    step may hold the very update that began the trouble (divergence.py). 0 keeps
+    everything."""
     if keep_latest_k <= 0:
         return []
-    keep = newest_finite(folder)
+    keep = set(finite_steps(folder)[-2:])
     steps = marked_steps(folder) if candidates is None else candidates
-    return [s for s in steps[:-keep_latest_k] if s != keep]
+    return [s for s in steps[:-keep_latest_k] if s not in keep]
 
 
 def newest_verified(folder: str, mode: str, below: int | None = None) -> int | None:
@@ -297,6 +324,19 @@ def select_resume_step(
         return None
     else:
         step = steps[-1]
+        if not step_finite(folder, step):
+            good = newest_finite(folder)
+            hint = (
+                f"the newest finite one is step {good}: resume from it with "
+                f"--checkpoint.load_step {good} (after changing what made the run diverge)"
+                if good is not None
+                else "no checkpoint is finite"
+            )
+            raise CheckpointError(
+                f"the latest checkpoint, step {step}, is marked not finite (its update was "
+                f"skipped as the run diverged: {folder}/step-{step}/{COMPLETE_FILE}); "
+                f"{hint}, or pass --checkpoint.load_step {step} to resume from it anyway"
+            )
     t0 = time.perf_counter()
     try:
         v = verify_step_dir(os.path.join(folder, f"step-{step}"), mode, share)
