@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from conftest import COMMITTED_TOKENIZER
-from test_zephon_packing import DOCS, PAD, ROW, ListLane
-from test_zephon_packing import SOURCES as KINDS
+from packing_helpers import DOCS, PAD, ROW, ListLane
+from packing_helpers import SOURCES as KINDS
 from zephon_helpers import close, make_ranks, save, step_digests
 
 from zephon import LayoutError, RecipeError, StateError, ZephonLoader, load_recipe, load_tokenizer
