@@ -296,7 +296,7 @@ def kill9_agent(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any
     result["exit"][2] = "killed"
     return {**result, **sizes(seen, run.formed()[len(seen):], run), **measure(run, t_fault, ref),
             "bound_s": BOUND_S,
-            "restarted": "restarting the workers: rank" in run.output()}  # fmt: skip
+            "restarted": "restarted the workers: rank" in run.output()}  # fmt: skip
 
 
 def join(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]:
@@ -341,12 +341,13 @@ def kill_during_restart(out: Path, ref: dict[int, str], timeout: float) -> dict[
     first, second = run.agent(1), run.agent(1)
     if not run.trained_at(3, 5, timeout):
         return {**run.finish(5), "problem": f"no step 5 on 3 processes (formed {run.formed()})"}
-    restarts = host.output().count("restarting the workers")  # a late joiner's, before
+    worker = host.rank_pid(0)
     seen, t_fault = run.formed(), time.time()
     os.kill(first.proc.pid, signal.SIGKILL)
-    # The survivors' launchers say when they restart (3 -> 2); the second kill lands then.
+    # The survivors restart (3 -> 2): the second kill lands as the host's worker is
+    # replaced, before the job has re-formed.
     end = time.monotonic() + timeout
-    while host.output().count("restarting the workers") == restarts and time.monotonic() < end:
+    while worker is not None and _alive(worker) and time.monotonic() < end:
         time.sleep(0.05)
     os.kill(second.proc.pid, signal.SIGKILL)
     result = run.finish(timeout)
@@ -418,7 +419,7 @@ def _refused(run: Run, timeout: float) -> dict[str, Any]:
     errors = [[ln for ln in o.splitlines() if ln.startswith("error")] for o in outs]
     return {**result, **sizes(run.formed(), [], run),
             "not_retried": all("not restarting after an input error" in o for o in outs),
-            "failure_restarts": sum(o.count("restarting the workers: rank") for o in outs),
+            "failure_restarts": sum(o.count("restarted the workers: rank") for o in outs),
             "error_lines": [len(e) for e in errors], "errors": [e[:1] for e in errors],
             "traceback": any("Traceback" in o for o in outs)}  # fmt: skip
 
