@@ -296,7 +296,7 @@ def kill9_agent(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any
     result["exit"][2] = "killed"
     return {**result, **sizes(seen, run.formed()[len(seen):], run), **measure(run, t_fault, ref),
             "bound_s": BOUND_S,
-            "restarted": "restarting the workers: rank" in run.output()}  # fmt: skip
+            "restarted": "restarted the workers: rank" in run.output()}  # fmt: skip
 
 
 def join(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]:
@@ -341,12 +341,13 @@ def kill_during_restart(out: Path, ref: dict[int, str], timeout: float) -> dict[
     first, second = run.agent(1), run.agent(1)
     if not run.trained_at(3, 5, timeout):
         return {**run.finish(5), "problem": f"no step 5 on 3 processes (formed {run.formed()})"}
-    restarts = host.output().count("restarting the workers")  # a late joiner's, before
+    worker = host.rank_pid(0)
     seen, t_fault = run.formed(), time.time()
     os.kill(first.proc.pid, signal.SIGKILL)
-    # The survivors' launchers say when they restart (3 -> 2); the second kill lands then.
+    # The survivors restart (3 -> 2): the second kill lands as the host's worker is
+    # replaced, before the job has re-formed.
     end = time.monotonic() + timeout
-    while host.output().count("restarting the workers") == restarts and time.monotonic() < end:
+    while worker is not None and _alive(worker) and time.monotonic() < end:
         time.sleep(0.05)
     os.kill(second.proc.pid, signal.SIGKILL)
     result = run.finish(timeout)
@@ -418,7 +419,7 @@ def _refused(run: Run, timeout: float) -> dict[str, Any]:
     errors = [[ln for ln in o.splitlines() if ln.startswith("error")] for o in outs]
     return {**result, **sizes(run.formed(), [], run),
             "not_retried": all("not restarting after an input error" in o for o in outs),
-            "failure_restarts": sum(o.count("restarting the workers: rank") for o in outs),
+            "failure_restarts": sum(o.count("restarted the workers: rank") for o in outs),
             "error_lines": [len(e) for e in errors], "errors": [e[:1] for e in errors],
             "traceback": any("Traceback" in o for o in outs)}  # fmt: skip
 
@@ -449,6 +450,15 @@ def _one_line(text: str, start: str) -> dict[str, Any]:
     return {"lines": lines, "traceback": "Traceback" in text}
 
 
+def _storage_line(text: str, what: str) -> dict[str, Any]:
+    """The error lines naming `what`: `error: ...` on the failing rank's node, `error
+    (rank R, host H): ...` on the others."""
+    lines = [
+        ln for ln in text.splitlines() if re.match(r"error( \([^)]*\))?: " + re.escape(what), ln)
+    ]
+    return {"lines": lines, "traceback": "Traceback" in text}
+
+
 def restart_budget_renews(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]:
     """MAX_RESTARTS=1 per RESTART_WINDOW=20 s: the second agent is killed twice (and
     started again each time), the second time more than a window after the first, so
@@ -466,8 +476,16 @@ def restart_budget_renews(out: Path, ref: dict[int, str], timeout: float) -> dic
         if kills and time.time() - kills[-1] < window + 2:
             time.sleep(window + 2 - (time.time() - kills[-1]))
         kills.append(time.time())
-        os.killpg(victim.proc.pid, signal.SIGKILL)
-        victim = run.agent(1, env=env)  # the node comes back
+        seen = len(re.findall(r"failure \d+ of 1", host.output()))
+        victim.kill9()  # the launcher and its ranks
+        # The node comes back once the host has re-formed without it (a failure
+        # counted against the budget), not before: a quick return is a mere join.
+        end = time.monotonic() + timeout
+        while len(re.findall(r"failure \d+ of 1", host.output())) == seen:
+            if time.monotonic() > end or host.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        victim = run.agent(1, env=env)
     result = run.finish(timeout)
     text = host.output()
     said = re.findall(r"failure (\d+) of 1 in the last 20s", text)
@@ -604,7 +622,7 @@ def checkpoint_folder_readonly(out: Path, ref: dict[int, str], timeout: float) -
     with _immutable(ckpt):
         first = run.finish(timeout)
     outs = [job.output() for job in run.agents]
-    named = [_one_line(o, f"error: storage: cannot write {ckpt}/step-{INTERVAL}") for o in outs]
+    named = [_storage_line(o, f"storage: cannot write {ckpt}/step-{INTERVAL}") for o in outs]
     again = run.relaunch()
     again.agent(2)
     again.agent(1)
@@ -764,6 +782,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated subset")
     p.add_argument("--run-timeout", type=float, default=420, help="seconds per run")
     p.add_argument("--render", type=Path, default=None, help="no runs: JSON -> .md")
+    p.add_argument(
+        "--update", action="store_true",
+        help="merge these scenarios' results into the existing JSON (a rerun of a few)",
+    )  # fmt: skip
     a = p.parse_args(argv)
     if a.render is not None:
         return render(a.render)
@@ -778,16 +800,23 @@ def main(argv: list[str] | None = None) -> int:
         t = time.monotonic()
         r = run_scenario(name, a.out.resolve(), ref, a.run_timeout)
         r["verdict"] = verdict(name, r)
+        r["seconds"] = round(time.monotonic() - t, 1)
         results[name] = r
         print(f"{name}: {r['verdict']} ({time.monotonic() - t:.0f}s)", flush=True)
+    path = a.results / "elastic_scenarios.json"
+    if a.update and path.is_file():  # rerun scenarios replace theirs; the others stay
+        results = {**json.loads(path.read_text())["results"], **results}
+        names = [n for n in SCENARIOS if n in results]
     doc = {
         "command": "scripts/elastic_scenarios.py --scenarios " + ",".join(names),
         "steps": STEPS, "interval": INTERVAL, "keep_alive_s": KEEP_ALIVE_S,
         "keep_alive_attempts": KEEP_ALIVE_ATTEMPTS, "last_call_s": LAST_CALL_S,
-        "startup_s": STARTUP_S, "wall_s": round(time.monotonic() - t0, 1), "results": results,
+        "startup_s": STARTUP_S,
+        "wall_s": round(sum(r.get("seconds", 0) for r in results.values()) if a.update
+                        else time.monotonic() - t0, 1),
+        "results": results,
     }  # fmt: skip
     a.results.mkdir(parents=True, exist_ok=True)
-    path = a.results / "elastic_scenarios.json"
     # The runs' messages name their dump folders: keep the results free of this machine's paths.
     path.write_text(json.dumps(doc, indent=1).replace(f"{REPO}/", "") + "\n")
     render(path)

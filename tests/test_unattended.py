@@ -501,7 +501,7 @@ def test_an_uneven_elastic_job_goes_on_without_a_killed_agent_then_stops_on_ctrl
     differ = state_differences(got, want)
     assert [k for k in differ if k.startswith("train.model.")] == []
     assert differ == []
-    assert out.count("restarting the workers: rank") == 1
+    assert out.count("restarted the workers: rank") == 1
     assert run.formed()[-2:] == [2, 1]
     assert f"resumed from step {resumed} on 1 data-parallel rank(s)" in out
     # The resume point was written by the two padded ranks.

@@ -80,7 +80,13 @@ class JobGuard:
                 f"{self.stop.reason()}, then the collective failed "
                 f"({failure.raised_at(exc).split(' (raised at')[0][:160]})"
             )
-        return failure.report(self.rank, kind, message, self.monitor)
+        code = failure.report(self.rank, kind, message, self.monitor)
+        if self.monitor is not None:
+            # The store may live in this process (rank 0 hosts the workers' store):
+            # stay long enough for every peer's monitor to read the report, so each
+            # node's launcher prints the root cause rather than a lost peer.
+            self.monitor.linger()
+        return code
 
     def close(self, code: int) -> None:
         if code == 0 and self.monitor is not None:

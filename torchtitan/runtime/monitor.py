@@ -155,6 +155,15 @@ class RankMonitor:
         except Exception:
             return True
 
+    def linger(self) -> None:
+        """Rank 0 hosts the workers' store: before it ends on a failure, it waits two
+        heartbeat intervals (at most 5 s) so that the ranks of other nodes read the
+        report (they look at every tick) and their launchers print the root cause,
+        not a lost peer. On one node the launcher has every report already."""
+        nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+        if self.store is not None and self.rank == 0 and nodes > 1:
+            time.sleep(min(2 * self.interval + 0.5, 5.0))
+
     def _peer_failure(self) -> dict[str, Any] | None:
         assert self.store is not None
         if not self.store.check([FAILURE_KEY]):
@@ -187,6 +196,7 @@ class RankMonitor:
             )
         if not failure.recorded_here(rec):  # a failure of another node: say it on this one too
             failure.write_record(rec, name="summary.json")
+        self.linger()
         if self.on_exit is not None:
             self.on_exit()
         sys.stdout.flush()
