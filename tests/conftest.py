@@ -115,3 +115,15 @@ def zephon_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, di
     dump = tmp_path_factory.mktemp("ref4")
     ok(torchrun(4, dump))
     return dump, metrics(dump)
+
+
+# -- hypothesis: the property tests' profile (tests/test_properties_*.py) ----------------
+# "ci" is derandomized, so every run tries the same examples (a failure reproduces), and
+# writes no example database. HYPOTHESIS_PROFILE=thorough searches wider, by hand.
+import os  # noqa: E402
+
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True, max_examples=50, deadline=None, database=None)
+settings.register_profile("thorough", max_examples=3000, deadline=None, database=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
