@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 REPO = Path(__file__).resolve().parents[1]
 COMMITTED_TOKENIZER = REPO / "assets" / "tokenizer" / "tokenizer.json"
@@ -137,3 +138,11 @@ def moto_endpoint() -> Iterator[str]:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+# -- hypothesis: the property tests' profile (tests/test_properties_*.py) ----------------
+# "ci" is derandomized, so every run tries the same examples (a failure reproduces), and
+# writes no example database. HYPOTHESIS_PROFILE=thorough searches wider, by hand.
+settings.register_profile("ci", derandomize=True, max_examples=50, deadline=None, database=None)
+settings.register_profile("thorough", max_examples=3000, deadline=None, database=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
