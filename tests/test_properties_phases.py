@@ -83,8 +83,11 @@ def test_each_phase_keeps_every_setting_it_does_not_set(case):
         w = base if given_w is None else tuple(dict(given_w).get(n, 0.0) for n in NAMES)
         end = specs[i + 1].start_step if i + 1 < len(specs) else None
         lanes = last_set(specs, i, "lanes", recipe.lanes)
+        # the phase whose table set the lane count (None: [recipe] lanes)
+        setters = [p.name for p in specs[: i + 1] if p.lanes is not None]
+        lanes_from = setters[-1] if setters else None
         g, s = last_set(specs, i, "global_batch_size", gbs), last_set(specs, i, "seq_len", seq)
-        want.append(Phase(spec.name, spec.start_step, end, g, s, lanes, w, NAMES))
+        want.append(Phase(spec.name, spec.start_step, end, g, s, lanes, w, NAMES, lanes_from))
     assert schedule.phases == tuple(want)
 
 
