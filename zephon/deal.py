@@ -51,6 +51,7 @@ class Deal:
         lanes: int,
         key: tuple[Any, ...],
         shuffle: bool,
+        dealt_before: int | None = None,
     ):
         self.old, self.cursors, self.lanes, self.key, self.shuffle = (
             old,
@@ -60,7 +61,12 @@ class Deal:
             shuffle,
         )
         live = [e for e, _, retired in cursors if not retired]
-        self.first, self.last = min(live), max(live)
+        # An earlier change of the chain dealt up to `dealt_before`: the old lanes'
+        # documents of those epochs are dealt pieces, not the plain plan's, so this
+        # change deals on to there as well (else what the earlier lanes drew of
+        # them would be drawn again from the plain plan).
+        self.first = min(live)
+        self.last = max(live) if dealt_before is None else max(max(live), dealt_before)
         self._pieces: dict[int, list[list[Piece]]] = {}
 
     def pieces(self, epoch: int) -> list[list[Piece]]:
@@ -154,13 +160,21 @@ def build_lane_docs(
     (the lanes of its last record)."""
     lanes = int(chain[0]["lanes_before"])
     docs: list[LaneDocs] = [PlanLaneDocs(plan_for(lanes), lane, repeat) for lane in range(lanes)]
+    dealt_before: int | None = None
     for rec in chain:
         cursors = [(int(e), int(p), bool(r)) for e, p, r in rec["cursors"]]
         new = int(rec["lanes_after"])
-        deal = Deal(docs, cursors, new, (seed, name, rec["phase"]), shuffle)
+        deal = Deal(docs, cursors, new, (seed, name, rec["phase"]), shuffle, dealt_before)
+        dealt_before = deal.last
         after = plan_for(new)
         docs = [DealtLaneDocs(deal, lane, PlanLaneDocs(after, lane, repeat)) for lane in range(new)]
     return docs
+
+
+def dealt_until(chain: Sequence[Record]) -> int:
+    """The last epoch the chain's final change dealt: each change deals on to the
+    epochs the changes before it dealt (Deal's `dealt_before`)."""
+    return max(e for rec in chain for e, _, retired in rec["cursors"] if not retired)
 
 
 def deal_source(
@@ -175,15 +189,16 @@ def deal_source(
     live = [(e, p) for e, p, retired in cursors if not retired]
     if not live:  # every old lane's walk of a `stop` source ended
         return [], [(0, 0, True)] * lanes_after
-    if per_lane_walk:  # exempt: every new lane starts its own walk
-        begun = [e + 1 if (p or retired) else e for e, p, retired in cursors]
-        return [], [(max(begun), 0, False)] * lanes_after
     epochs = {e for e, _ in live}
     first = min(epochs)
-    if chain:
-        prev = [e for e, _, retired in chain[-1]["cursors"] if not retired]
-        if first > max(prev):  # no lane reaches an epoch the chain dealt any more
-            chain = []
+    if chain and first > dealt_until(chain):  # no lane reaches an epoch the chain dealt
+        chain = []
+    # Exempt, unless every old lane still stands in epochs the chain dealt: their
+    # documents there are dealt pieces, not their own walks. (Lanes on both sides
+    # of the chain's last epoch are still treated as exempt: a known limit, design §12.)
+    if per_lane_walk and not (chain and max(epochs) <= dealt_until(chain)):
+        begun = [e + 1 if (p or retired) else e for e, p, retired in cursors]
+        return [], [(max(begun), 0, False)] * lanes_after
     if not chain and len(live) == len(cursors) and len(epochs) == 1 and not any(p for _, p in live):
         return [], [(first, 0, False)] * lanes_after  # untouched: the plain plan
     record: Record = {
