@@ -40,9 +40,13 @@ if [ "$MAX_NODES" -gt 1 ]; then
     exit 2
   fi
   # One id for every node of this job: the scheduler's job id, else the endpoint's.
+  # A requeued SLURM job keeps its id but counts its restarts: etcd keeps a finished
+  # rendezvous closed, so each launch needs an id of its own.
   if [ -z "${RDZV_ID:-}" ]; then
     if [ -n "${SLURM_JOB_ID:-}" ]; then
-      RDZV_ID="slurm-$SLURM_JOB_ID"
+      RDZV_ID="slurm-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"
+      # The dump-folder lock knows the job across its requeues by this (dump_lock.py).
+      export TORCHTITAN_JOB_ID=${TORCHTITAN_JOB_ID:-slurm-$SLURM_JOB_ID}
     else
       RDZV_ID="tt-$(printf %s "$RDZV_ENDPOINT" | cksum | cut -d' ' -f1)"
     fi

@@ -42,6 +42,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,10 +93,35 @@ class Cluster:
         self.nodes: dict[int, fi.Job | None] = {0: None, 1: None, 2: None}
         self.started: dict[int, float] = {}
         self.logs: list[Path] = []
+        # (time, highest step in metrics.jsonl), polled: a resume rewrites the file, so
+        # the steps trained before a fault are known only from this history.
+        self.generation = 0  # a relaunch is a new job to the scheduler: a new rendezvous id
+        self.history: list[tuple[float, int]] = []
+        self.stopped_at: float | None = None  # when a job-ending fault's launchers exited
+        self._done = threading.Event()
+        self._poller = threading.Thread(target=self._poll, daemon=True)
+        self._poller.start()
+
+    def _poll(self) -> None:
+        while not self._done.wait(0.5):
+            try:
+                self.history.append((time.time(), steps_now(self.dump)))
+            except (OSError, ValueError):
+                continue  # the file was being rewritten
+
+    def highest_between(self, t0: float, t1: float) -> int:
+        return max((s for t, s in self.history if t0 <= t <= t1), default=0)
+
+    def close(self) -> None:
+        self._done.set()
+        self._poller.join()
 
     def env(self) -> dict[str, str]:
+        # etcd keeps a rendezvous that ended closed: a relaunch needs its own id (as a
+        # requeued SLURM job gets with SLURM_RESTART_COUNT, run_train.sh).
         return {"NNODES": "1:3", "RDZV_BACKEND": "etcd-v2", "RDZV_ENDPOINT": self.endpoint,
-                "RDZV_CONF": RDZV_CONF, "MAX_RESTARTS": "3", "RESTART_WINDOW": "600",
+                "RDZV_ID": f"soak-{self.generation}", "RDZV_CONF": RDZV_CONF,
+                "MAX_RESTARTS": "3", "RESTART_WINDOW": "600",
                 "MONITOR_INTERVAL": "0.5"}  # fmt: skip
 
     def launch(self, node: int) -> None:
@@ -104,6 +130,8 @@ class Cluster:
         self.logs.append(job.log)
 
     def launch_all(self) -> None:
+        """The whole job launched anew (a requeue)."""
+        self.generation += 1
         for node in self.nodes:
             self.launch(node)
 
@@ -180,6 +208,7 @@ def requeue_or_operator(cluster: Cluster, kind: str, timeout: float) -> dict[str
     """Wait for every launcher; relaunch when they all say requeue (or, for a storage
     error the operator fixed, exit 2)."""
     codes = cluster.wait_all(timeout)
+    cluster.stopped_at = time.time()
     live = [c for c in codes if c is not None]
     out: dict[str, Any] = {"exits": codes}
     if live and all(c == REQUEUE for c in live):
@@ -237,6 +266,7 @@ def inject(cluster: Cluster, kind: str, rng: random.Random, timeout: float) -> d
         folder = dump / "checkpoint"
         with immutable(folder):  # read-only across the next save: the job stops, exit 2
             codes = cluster.wait_all(timeout)
+        cluster.stopped_at = time.time()
         rec["exits"] = codes
         if codes and all(c == 2 for c in codes if c is not None):
             rec["relaunched_by"] = "operator (storage error, exit 2)"
@@ -291,18 +321,23 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 cluster.launch(n)  # a node that stayed away comes back (a join)
             healthy = wait_healthy(cluster, steps_now(dump), a.run_timeout)
             time.sleep(max(0.0, at - time.time()))
-            before = read_metrics(dump)
-            step_before = max(before, default=0)
             t_fault = time.time()
+            cluster.stopped_at = None
             rec = inject(cluster, kind, rng, a.run_timeout)
-            nxt = next_step_after(dump, t_fault, a.run_timeout)
+            # Training stopped at the fault, or (a job-ending fault) when the launchers
+            # exited: the job may train on until its next save finds the folder read-only.
+            t_stop = cluster.stopped_at or t_fault
+            nxt = next_step_after(dump, t_stop, a.run_timeout)
+            t_next = nxt["time"] if nxt else time.time()
+            trained = cluster.highest_between(t_fault - 1, t_next)
             rec.update(
                 at_s=round(t_fault - t0, 1),
                 healthy_before=healthy,
-                step_before=step_before,
+                steps_trained_before=trained,
                 next_step=nxt["step"] if nxt else None,
-                recovery_s=round(nxt["time"] - t_fault, 1) if nxt else None,
-                steps_redone=max(step_before - (nxt["step"] - 1), 0) if nxt else None,
+                recovery_s=round(t_next - t_stop, 1) if nxt else None,
+                fault_to_next_step_s=round(t_next - t_fault, 1) if nxt else None,
+                steps_redone=max(trained - (nxt["step"] - 1), 0) if nxt else None,
             )
             faults.append(rec)
             print(f"[soak] {i + 1}/{len(kinds)} {kind}: {json.dumps(rec)}", flush=True)
@@ -315,6 +350,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             assert job is not None
             os.kill(job.proc.pid, signal.SIGTERM)
         final = cluster.wait_all(a.run_timeout)
+        cluster.close()
     wall = time.time() - t0
     records = [json.loads(x) for x in (dump / "metrics.jsonl").read_text().splitlines() if x]
     last = max(r["step"] for r in records)
@@ -356,15 +392,16 @@ def verdict(doc: dict[str, Any]) -> list[str]:
 
 def report(doc: dict[str, Any]) -> str:
     rows = [
-        "| # | at (s) | fault | exits | relaunched by | next step | steps redone | recovery (s) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| # | at (s) | fault | exits | relaunched by | next step | steps redone | stop to next "
+        "step (s) | fault to next step (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for i, f in enumerate(doc["faults"], 1):
         exits = " ".join("-" if c is None else str(c) for c in f.get("exits", [])) or "-"
         who = f.get("relaunched_by") or "-"
         rows.append(
             f"| {i} | {f['at_s']:.0f} | {f['kind']} | {exits} | {who} | {f.get('next_step')} | "
-            f"{f.get('steps_redone')} | {f.get('recovery_s')} |"
+            f"{f.get('steps_redone')} | {f.get('recovery_s')} | {f.get('fault_to_next_step_s')} |"
         )
     problems = verdict(doc)
     ck = doc["checkpoints"]

@@ -413,7 +413,11 @@ def test_run_train_launches_a_node_range_elastically(tmp_path):
     other = _launch_args(tmp_path, NNODES="1:4", RDZV_ENDPOINT="10.0.0.2:29400").stdout
     assert run_id not in other
     slurm = _launch_args(tmp_path, NNODES="2", RDZV_ENDPOINT="h:1", SLURM_JOB_ID="77").stdout
-    assert "--rdzv-id slurm-77" in slurm and "--nnodes 2:2" in slurm
+    assert "--rdzv-id slurm-77-0" in slurm and "--nnodes 2:2" in slurm
+    requeued = _launch_args(
+        tmp_path, NNODES="2", RDZV_ENDPOINT="h:1", SLURM_JOB_ID="77", SLURM_RESTART_COUNT="2"
+    ).stdout
+    assert "--rdzv-id slurm-77-2" in requeued  # etcd keeps the first launch's rendezvous closed
     for bad, why in (("1:x", "expected a node count N or a range"), ("1:4", "needs RDZV_ENDPOINT")):
         proc = _launch_args(tmp_path, NNODES=bad)
         assert proc.returncode == 2 and why in proc.stderr and not proc.stdout

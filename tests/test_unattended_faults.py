@@ -326,3 +326,21 @@ def test_a_relaunch_never_resumes_silently_from_a_step_marked_not_finite(tmp_pat
     assert (
         manifest.step_loss(str(tmp_path), 2) == 3.5 and manifest.step_loss(str(tmp_path), 1) is None
     )
+
+
+def test_a_requeued_job_takes_over_its_own_lock_on_another_host(tmp_path, monkeypatch):
+    """A requeue gets a new rendezvous id (etcd keeps the old one closed) but keeps the
+    scheduler's job id: the lock of its earlier launch, on another host with a fresh
+    lease, is its own (another job is still refused)."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "slurm-77-1")
+    monkeypatch.setenv("TORCHTITAN_JOB_ID", "slurm-77")
+    old = {"host": "node-a", "pid": 1, "renewed": time.time(), "lease_s": 60,
+           "run_id": "slurm-77-0", "job_id": "slurm-77"}  # fmt: skip
+    (tmp_path / LOCK_FILE).write_text(json.dumps(old))
+    taker = DumpLock(str(tmp_path))
+    taker.acquire()
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["run_id"] == "slurm-77-1"
+    taker.release()
+    (tmp_path / LOCK_FILE).write_text(json.dumps({**old, "job_id": "slurm-78"}))
+    with pytest.raises(DumpFolderLocked, match="pid 1 on node-a"):
+        DumpLock(str(tmp_path)).acquire()

@@ -5,8 +5,9 @@ rendezvous run id) and a lease renewed every few seconds. A second job is
 refused with the holder's name while the holder lives: on the same host the pid
 must still run with the same start time; on another host the lease must be
 fresh. A dead holder's lock is taken over (with a warning). A holder with this
-job's own run id (`TORCHELASTIC_RUN_ID`) is an earlier attempt of the same
-job, before an elastic restart: the new rank 0, on whatever host, takes it over
+job's own id (`TORCHTITAN_JOB_ID`, the scheduler's job id that run_train.sh
+exports, which a requeue keeps; else the rendezvous run id `TORCHELASTIC_RUN_ID`)
+is an earlier attempt of the same job, before an elastic restart or a requeue: the new rank 0, on whatever host, takes it over
 at once, and the old holder stops renewing a lock that is no longer its own.
 
 Renewal errors (a dump folder made read-only) propagate to the monitor thread,
@@ -30,6 +31,7 @@ from zephon.files import atomic_write
 logger = logging.getLogger("torchtitan")
 
 LOCK_FILE = "LOCK.json"
+JOB_ID_ENV = "TORCHTITAN_JOB_ID"
 LEASE_S = 60.0
 
 
@@ -67,6 +69,8 @@ class DumpLock:
             "proc_start": _proc_start(os.getpid()),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
+            # The job across its launches (a requeue gets a new rendezvous id): run_train.sh
+            "job_id": os.environ.get(JOB_ID_ENV) or os.environ.get("TORCHELASTIC_RUN_ID"),
         }
         self.held = False
         self._renewed = 0.0
@@ -84,7 +88,8 @@ class DumpLock:
             return {}  # half-written or garbage: treated as a dead holder
 
     def _same_job(self, holder: dict[str, Any]) -> bool:
-        return bool(self.me["run_id"]) and holder.get("run_id") == self.me["run_id"]
+        mine = self.me["job_id"]
+        return bool(mine) and holder.get("job_id", holder.get("run_id")) == mine
 
     def _holder_alive(self, holder: dict[str, Any]) -> bool:
         if not holder or self._same_job(holder):
@@ -105,7 +110,7 @@ class DumpLock:
                 if self._holder_alive(holder):
                     raise DumpFolderLocked(self._refusal(holder)) from None
                 whose = (
-                    f"an earlier attempt of this job (run id {self.me['run_id']})"
+                    f"an earlier attempt of this job (job {self.me['job_id']})"
                     if self._same_job(holder)
                     else "a job that is gone"
                 )
