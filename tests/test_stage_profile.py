@@ -63,6 +63,9 @@ class FakeCPU:
 
 def test_each_stage_is_charged_with_its_own_work(make_recipe, tokenizer_path, monkeypatch):
     recipe = make_recipe(workers=2, prefetch=2)
+    # The sources' content fingerprints are start-up work, built once per node and
+    # cached: build them now, so every read counted below is the pipeline's.
+    ZephonLoader(recipe, tokenizer_path, 64, 16).close()
     cpu = FakeCPU()
     monkeypatch.setattr(stage_profile, "_thread_cpu_ns", cpu.now)
     monkeypatch.setattr(LocalObject, "pread", cpu.wrap("read", LocalObject.pread))
