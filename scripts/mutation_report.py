@@ -1,0 +1,358 @@
+"""Mutation testing of the modules that carry the invariants, and its page.
+
+Drives mutmut (pinned in requirements-mutation.txt, configured in
+pyproject.toml `[tool.mutmut]`) one module at a time over the fast in-process
+unit tests, then writes docs/results/mutation.json (the raw results) and
+docs/results/mutation.md (the page): per module the score, killed / (killed +
+survived), the counts and the wall time; and every surviving mutant with the
+reason it cannot change any observable behaviour, read from the reviewed file
+docs/results/mutation_equivalent.toml. A survivor without a reason there (or
+whose reason was written for another change) is listed as unexplained and the
+script exits 1: kill it with a test, or explain it.
+
+    pip install -r requirements-mutation.txt
+    python scripts/mutation_report.py                # every module (about an hour on 2 cores)
+    python scripts/mutation_report.py layout mixing  # these; the others keep their last results
+    python scripts/mutation_report.py --page-only    # the page again, from mutation.json
+
+Not run in CI (too slow). mutmut works in mutants/ (ignored by git) and keeps
+its stats there between runs; --fresh starts from an empty one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "docs" / "results"
+JSON_PATH = RESULTS / "mutation.json"
+PAGE_PATH = RESULTS / "mutation.md"
+EQUIVALENT_PATH = RESULTS / "mutation_equivalent.toml"
+MUTANTS = REPO / "mutants"
+MAX_CHILDREN = 2  # the machine's two cores, shared
+TARGET_SCORE = 0.90
+
+# Label -> (file, which of its mutants count: a glob over mutmut's mutant names).
+MODULES: dict[str, tuple[str, str]] = {
+    "layout": ("zephon/layout.py", "zephon.layout.*"),
+    "phases": ("zephon/phases.py", "zephon.phases.*"),
+    "boundary": ("zephon/boundary.py", "zephon.boundary.*"),
+    "deal": ("zephon/deal.py", "zephon.deal.*"),
+    "packing": ("zephon/packing.py", "zephon.packing.*"),
+    "shuffle": ("zephon/shuffle.py", "zephon.shuffle.*"),
+    "mixing": ("zephon/mixing.py", "zephon.mixing.*"),
+    "state": ("zephon/state.py", "zephon.state.*"),
+    "flush_log": ("zephon/flush_log.py", "zephon.flush_log.*"),
+    "digest": ("zephon/digest.py", "zephon.digest.*"),
+    "resize": ("zephon/images/resize.py", "zephon.images.resize.*"),
+    "patches": ("zephon/images/patches.py", "zephon.images.patches.*"),
+    "image_digest": (
+        "zephon/images/documents.py",
+        "zephon.images.documents.x_image_digest__mutmut_*",
+    ),
+    "manifest": (
+        "torchtitan/components/checkpoint/manifest.py",
+        "torchtitan.components.checkpoint.manifest.*",
+    ),
+    "divergence": (
+        "torchtitan/components/divergence.py",
+        "torchtitan.components.divergence.*",
+    ),
+}
+
+# How mutmut's outcomes count. A mutant no selected test reaches ("no tests")
+# survives: nothing would notice it. A timeout is a detection (the tests hang or
+# crawl). Anything else (suspicious, segfault, not checked) is shown as is.
+DETECTED = {"killed", "timeout", "caught by type check"}
+SURVIVED = {"survived", "no tests"}
+
+
+def mutmut_bin() -> str:
+    """The `mutmut` next to this Python (the console script, not `python -m`)."""
+    path = Path(sys.executable).with_name("mutmut")
+    return str(path) if path.exists() else "mutmut"
+
+
+def prepare() -> None:
+    """mutants/ is the tests' repository root: link it to the sample data."""
+    MUTANTS.mkdir(exist_ok=True)
+    link = MUTANTS / "data"
+    if not link.exists() and (REPO / "data").exists():
+        link.symlink_to(REPO / "data", target_is_directory=True)
+
+
+def run_module(label: str, max_children: int, log_dir: Path) -> float:
+    """Run one module's mutants; the wall seconds it took."""
+    _, pattern = MODULES[label]
+    cmd = [mutmut_bin(), "run", "--max-children", str(max_children), pattern]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(REPO)  # the worktree's packages, not an installed copy
+    print(f"[{label}] {' '.join(cmd)}", flush=True)
+    t0 = time.monotonic()
+    with open(log_dir / f"mutmut-{label}.log", "w") as log:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"[{label}] mutmut exited {proc.returncode}; see {log_dir / f'mutmut-{label}.log'}"
+        )
+    print(f"[{label}] {wall:.0f} s", flush=True)
+    return wall
+
+
+def changed_lines(diff: str) -> str:
+    """The mutated lines of a `mutmut show` diff, stripped: what an explanation names."""
+    lines = diff.splitlines()
+    plus = [ln[1:].strip() for ln in lines if ln.startswith("+") and not ln.startswith("+++")]
+    if plus:
+        return "\n".join(plus)
+    # A removed statement or argument line: name what went.
+    return "\n".join(
+        "removed: " + ln[1:].strip()
+        for ln in lines
+        if ln.startswith("-") and not ln.startswith("---")
+    )
+
+
+def collect(label: str) -> dict[str, Any]:
+    """One module's results from mutmut's metadata in mutants/."""
+    from mutmut.mutation.data import SourceFileMutationData
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+    from mutmut.stats import status_by_exit_code
+
+    path, pattern = MODULES[label]
+    data = SourceFileMutationData(path=path)
+    data.load()
+    statuses = {
+        name: status_by_exit_code[code]
+        for name, code in sorted(data.exit_code_by_key.items())
+        if fnmatch.fnmatch(name, pattern)
+    }
+    counts: dict[str, int] = {}
+    for status in statuses.values():
+        counts[status] = counts.get(status, 0) + 1
+    others = {}
+    for name, status in statuses.items():
+        if status in DETECTED:
+            continue
+        diff = get_diff_for_mutant(name, path=path)
+        others[name] = {"status": status, "change": changed_lines(diff), "diff": diff}
+    return {"file": path, "pattern": pattern, "counts": counts, "not_killed": others}
+
+
+def score_of(counts: dict[str, int]) -> tuple[int, int, float | None]:
+    killed = sum(n for s, n in counts.items() if s in DETECTED)
+    survived = sum(n for s, n in counts.items() if s in SURVIVED)
+    total = killed + survived
+    return killed, survived, (killed / total if total else None)
+
+
+def load_equivalents() -> dict[str, dict[str, str]]:
+    if not EQUIVALENT_PATH.exists():
+        return {}
+    with open(EQUIVALENT_PATH, "rb") as f:
+        return tomllib.load(f)
+
+
+def attach_reasons(results: dict[str, Any]) -> None:
+    """Copy each survivor's reviewed reason into the results (`why`), if its entry
+    names the same change; list the reasons no survivor uses (`stale_reasons`)."""
+    reasons = load_equivalents()
+    used = set()
+    for mod in results["modules"].values():
+        for name, m in mod["not_killed"].items():
+            m.pop("why", None)
+            entry = reasons.get(name)
+            if m["status"] in SURVIVED and entry and entry.get("change", "").strip() == m["change"]:
+                m["why"] = " ".join(entry["why"].split())
+                used.add(name)
+    run = [MODULES[label][1] for label in results["modules"]]
+    results["stale_reasons"] = sorted(
+        name for name in reasons if name not in used and any(fnmatch.fnmatch(name, p) for p in run)
+    )
+
+
+def unexplained(results: dict[str, Any]) -> list[str]:
+    return sorted(
+        name
+        for mod in results["modules"].values()
+        for name, m in mod["not_killed"].items()
+        if m["status"] in SURVIVED and "why" not in m
+    )
+
+
+def fmt_time(seconds: float) -> str:
+    m, s = divmod(round(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h} h {m:02d} min" if h else f"{m} min {s:02d} s"
+
+
+def code(text: str) -> str:
+    return "`" + text.replace("`", "'").replace("\n", " ⏎ ") + "`"
+
+
+def page(results: dict[str, Any]) -> str:
+    """The page, from the results alone (reasons attached)."""
+    mods = results["modules"]
+    missing = unexplained(results)
+    rows, tk, ts, tn, twall, teq = [], 0, 0, 0, 0.0, 0
+    for label in MODULES:
+        if label not in mods:
+            continue
+        mod = mods[label]
+        killed, survived, score = score_of(mod["counts"])
+        n = sum(mod["counts"].values())
+        eq = sum(1 for m in mod["not_killed"].values() if "why" in m)
+        other = n - killed - survived
+        tk, ts, tn, twall, teq = tk + killed, ts + survived, tn + n, twall + mod["wall_s"], teq + eq
+        rows.append(
+            f"| `{mod['file']}`{' (`image_digest`)' if label == 'image_digest' else ''} "
+            f"| {n} | {killed} | {survived} | {eq} | {survived - eq} | {other} "
+            f"| {'-' if score is None else f'{score:.1%}'} | {fmt_time(mod['wall_s'])} |"
+        )
+    total_score = tk / (tk + ts) if tk + ts else 0.0
+    out = [
+        "# Mutation testing of the invariant-carrying modules",
+        "",
+        "Generated by `scripts/mutation_report.py` from `mutation.json`, with the reviewed "
+        "reasons of `mutation_equivalent.toml`; do not edit by hand.",
+        "",
+        f"mutmut {results['mutmut']} changes one thing at a time in the modules below "
+        "(an operator, a constant, a call's argument, an assignment) and runs the fast "
+        "in-process unit tests that reach the changed function against each such "
+        "*mutant*. A mutant is **killed** when a test fails (or hangs: a timeout counts "
+        "as killed); it **survives** when every test passes, or when no test reaches it "
+        "at all. Score = killed / (killed + survived).",
+        "",
+        f"**{tk} of {tk + ts} mutants killed: {total_score:.1%}** (target "
+        f"{TARGET_SCORE:.0%}). Of the {ts} survivors, {teq} are explained below as "
+        f"equivalent (no observable behaviour can tell them from the code); "
+        f"{len(missing)} are not.",
+        "",
+        f"Wall time: {fmt_time(twall)} for {tn} mutants, on {results['machine']} with "
+        f"`--max-children {results['max_children']}`; commit `{results['commit']}`.",
+        "",
+        "| module | mutants | killed | survived | equivalent | unexplained | other "
+        "| score | wall |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
+        "",
+        "*other*: outcomes that are neither (suspicious, segfault, not checked); "
+        "*wall*: that module's `mutmut run`, including its test collection and clean "
+        "run.",
+        "",
+    ]
+    if missing:
+        out += ["## Unexplained survivors", ""]
+        out += [f"- `{name}`: {code(find(mods, name)['change'])}" for name in missing] + [""]
+    if results.get("stale_reasons"):
+        out += [
+            "## Stale reasons",
+            "",
+            "Reasons kept for mutants that no longer survive, or whose change moved:",
+            "",
+        ]
+        out += [f"- `{name}`" for name in results["stale_reasons"]] + [""]
+    out += ["## Surviving mutants, and why each is equivalent", ""]
+    for label in MODULES:
+        if label not in mods:
+            continue
+        names = [n for n, m in sorted(mods[label]["not_killed"].items()) if "why" in m]
+        if not names:
+            continue
+        out += [f"### `{mods[label]['file']}`", ""]
+        for name in names:
+            m = mods[label]["not_killed"][name]
+            out.append(f"- `{name.rpartition('.')[2]}` {code(m['change'])}: {m['why']}")
+        out.append("")
+    out += [
+        "## How to run it",
+        "",
+        "```",
+        "pip install -r requirements-mutation.txt   # mutmut, pinned",
+        "python scripts/mutation_report.py               # every module: the wall time above",
+        "python scripts/mutation_report.py packing       # one module (the others keep theirs)",
+        "python scripts/mutation_report.py --page-only   # this page again after editing reasons",
+        "mutmut show <mutant name>                       # a mutant's diff, from the repo root",
+        "```",
+        "",
+        "The configuration is `[tool.mutmut]` in `pyproject.toml`: the mutated files, and "
+        "the tests run against them (listed test files, minus slow-marked tests, tests "
+        "that start processes and the multi-second integration tests). A new surviving "
+        "mutant fails the script (exit 1) until a test kills it or "
+        "`docs/results/mutation_equivalent.toml` says, under the mutant's name and with "
+        "its changed line, why no behaviour can tell it apart. Not run in CI: it takes "
+        "the time above on two cores.",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def find(mods: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(m["not_killed"][name] for m in mods.values() if name in m["not_killed"])
+
+
+def git_commit() -> str:
+    out = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    )
+    return out.stdout.strip() or "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("modules", nargs="*", help=f"some of: {', '.join(MODULES)} (default all)")
+    ap.add_argument("--max-children", type=int, default=MAX_CHILDREN)
+    ap.add_argument("--fresh", action="store_true", help="delete mutants/ first")
+    ap.add_argument("--page-only", action="store_true", help="no run: the page from the JSON")
+    args = ap.parse_args(argv)
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        ap.error(f"unknown module(s) {unknown}; known: {', '.join(MODULES)}")
+
+    results: dict[str, Any] = (
+        json.loads(JSON_PATH.read_text()) if JSON_PATH.exists() else {"modules": {}}
+    )
+    if not args.page_only:
+        os.chdir(REPO)  # mutmut reads its configuration from the working directory
+        from importlib.metadata import version
+
+        if args.fresh and MUTANTS.exists():
+            shutil.rmtree(MUTANTS)
+        prepare()
+        for label in args.modules or list(MODULES):
+            wall = run_module(label, args.max_children, MUTANTS)
+            results["modules"][label] = {**collect(label), "wall_s": round(wall, 1)}
+            results["modules"][label]["commit"] = git_commit()
+            JSON_PATH.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+        results.update(
+            mutmut=version("mutmut"),
+            max_children=args.max_children,
+            commit=git_commit(),
+            machine=f"{os.cpu_count()} CPU cores ({platform.machine()})",
+            date=datetime.now(UTC).strftime("%Y-%m-%d"),
+        )
+    attach_reasons(results)
+    JSON_PATH.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    PAGE_PATH.write_text(page(results))
+    missing = unexplained(results)
+    if missing:
+        print(f"{len(missing)} unexplained survivor(s); see {PAGE_PATH}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
