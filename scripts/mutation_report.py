@@ -94,16 +94,16 @@ def prepare() -> None:
         link.symlink_to(REPO / "data", target_is_directory=True)
 
 
-def run_mutmut(labels: list[str], max_children: int) -> float:
-    """One `mutmut run` over these modules' mutants; the wall seconds it took."""
+def run_mutmut(patterns: list[str], max_children: int) -> float:
+    """One `mutmut run` over the mutants these names or globs match; its wall seconds."""
     for old in MUTANTS.glob("mutmut-debug.log*"):
         old.unlink()  # the fork server's log of this run alone (mutant_seconds)
-    patterns = [MODULES[label][1] for label in labels]
     cmd = [mutmut_bin(), "run", "--max-children", str(max_children), *patterns]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(REPO)  # the worktree's packages, not an installed copy
     log = MUTANTS / "mutmut-run.log"
-    print(" ".join(cmd), f"(output: {log})", flush=True)
+    shown = " ".join(cmd) if len(cmd) < 20 else " ".join(cmd[:19]) + f" ... ({len(cmd)} args)"
+    print(shown, f"(output: {log})", flush=True)
     t0 = time.monotonic()
     with open(log, "w") as out:
         proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -340,6 +340,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("modules", nargs="*", help=f"some of: {', '.join(MODULES)} (default all)")
     ap.add_argument("--max-children", type=int, default=MAX_CHILDREN)
     ap.add_argument("--fresh", action="store_true", help="delete mutants/ first")
+    ap.add_argument(
+        "--again",
+        action="store_true",
+        help="only the mutants not killed in mutation.json (while writing tests; the "
+        "others keep their results, and the page its last full run's times)",
+    )
     ap.add_argument("--page-only", action="store_true", help="no run: the page from the JSON")
     args = ap.parse_args(argv)
     unknown = [m for m in args.modules if m not in MODULES]
@@ -357,18 +363,34 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(MUTANTS)
         prepare()
         labels = args.modules or list(MODULES)
-        wall = run_mutmut(labels, args.max_children)
-        seconds = mutant_seconds()
-        for label in labels:
-            results["modules"][label] = collect(label, seconds)
-        results.update(
-            mutmut=version("mutmut"),
-            max_children=args.max_children,
-            commit=git_commit(),
-            machine=f"{os.cpu_count()} CPU cores ({platform.machine()})",
-            date=datetime.now(UTC).strftime("%Y-%m-%d"),
-            run={"modules": labels, "wall_s": round(wall, 1)},
-        )
+        if args.again:
+            names = [
+                name
+                for label in labels
+                for name, m in results["modules"].get(label, {}).get("not_killed", {}).items()
+            ]
+            if not names:
+                print("nothing to run again")
+                return 0
+            run_mutmut(names, args.max_children)
+            for label in labels:
+                results["modules"][label] = {
+                    **collect(label, {}),
+                    "test_s": results["modules"][label]["test_s"],
+                }
+        else:
+            wall = run_mutmut([MODULES[label][1] for label in labels], args.max_children)
+            seconds = mutant_seconds()
+            for label in labels:
+                results["modules"][label] = collect(label, seconds)
+            results.update(
+                mutmut=version("mutmut"),
+                max_children=args.max_children,
+                commit=git_commit(),
+                machine=f"{os.cpu_count()} CPU cores ({platform.machine()})",
+                date=datetime.now(UTC).strftime("%Y-%m-%d"),
+                run={"modules": labels, "wall_s": round(wall, 1)},
+            )
     attach_reasons(results)
     JSON_PATH.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     PAGE_PATH.write_text(page(results))
