@@ -25,6 +25,7 @@ import elastic_scenarios
 import fault_injection
 import gpu_count_sensitivity
 import mesh_resume_matrix
+import mutation_report
 import phases_demo
 import preempt_save_time
 import pytest
@@ -50,6 +51,7 @@ PAGES: dict[str, Callable[[Any], str]] = {
     "fault_injection": fault_injection.report,
     "gpu_count_sensitivity": gpu_count_sensitivity.markdown,
     "mesh_resume_matrix": mesh_resume_matrix.page,
+    "mutation": mutation_report.page,
     "phases_demo": phases_demo.page,
     "preempt_save_time": preempt_save_time.report,
     "two_node_resume": two_node_resume.page,
