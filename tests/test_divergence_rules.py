@@ -37,10 +37,10 @@ def test_each_skipped_step_is_logged_by_default_with_its_counts(caplog):
         guard.update_ok(5, float("nan"))
         guard.update_ok(6, float("inf"))
     assert [r.getMessage() for r in caplog.records] == [
-        "step 5: loss or gradient norm not finite (nan): update skipped (1 in a row, "
-        "training.max_nonfinite_steps = 3; 1 skipped in this run)",
-        "step 6: loss or gradient norm not finite (inf): update skipped (2 in a row, "
-        "training.max_nonfinite_steps = 3; 2 skipped in this run)",
+        "step 5: loss or gradient norm not finite (norm nan, loss None): update skipped (1 in "
+        "a row, training.max_nonfinite_steps = 3; 1 skipped in this run)",
+        "step 6: loss or gradient norm not finite (norm inf, loss None): update skipped (2 in "
+        "a row, training.max_nonfinite_steps = 3; 2 skipped in this run)",
     ]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="torchtitan"):
@@ -52,14 +52,18 @@ def test_the_stop_message_names_the_steps_and_the_way_back():
     guard = DivergenceGuard(2, log=False)
     guard.update_ok(9, float("nan"))
     guard.update_ok(10, float("nan"))
-    assert str(guard.stop_error(10, (8, "/ck/step-8"))) == (
-        "training diverged: the loss or gradient norm was not finite at steps 9..10 (2 in a "
-        "row, training.max_nonfinite_steps = 2); their updates were skipped and the job stops. "
-        "the newest finite checkpoint is step 8 (/ck/step-8): resume from it with "
-        "--checkpoint.load_step 8 and a smaller --optimizer.lr"
+    assert guard.safe_below == 8
+    assert str(guard.stop_error(10, (7, "/ck/step-7", 2.5))) == (
+        "training diverged: trouble began at step 9 (loss or gradient norm not finite (norm "
+        "nan, loss None)); steps 9..10 were bad (2 in a row, training.max_nonfinite_steps = 2), "
+        "their updates were skipped and the job stops. The checkpoint of step 8, if any, holds "
+        "the update that led to it. The newest checkpoint from before the trouble began is "
+        "step 7 (/ck/step-7, loss 2.5): resume from it with --checkpoint.load_step 7 and a "
+        "smaller --optimizer.lr"
     )
     assert str(guard.stop_error(10, None)).endswith(
-        "the job stops. no finite checkpoint was written"
+        "No checkpoint from before step 8 was kept: start again (another --job.dump_folder) "
+        "with a smaller --optimizer.lr"
     )
 
 

@@ -275,16 +275,16 @@ def test_a_step_is_finite_unless_its_manifest_says_false(tmp_path):
     ]  # fmt: skip
 
 
-def test_pruning_keeps_the_newest_k_candidates_and_the_newest_finite_step(tmp_path):
+def test_pruning_keeps_the_newest_k_candidates_and_the_two_newest_finite_steps(tmp_path):
     for step, finite in ((2, True), (4, True), (6, False), (8, True)):
         step_folder(tmp_path, step, finite=finite)
     folder = str(tmp_path)
-    assert manifest.steps_to_prune(folder, 1) == [2, 4, 6]
-    assert manifest.steps_to_prune(folder, 2) == [2, 4]
-    assert manifest.steps_to_prune(folder, 1, candidates=[4, 6, 8]) == [4, 6]
+    assert manifest.steps_to_prune(folder, 1) == [2, 6]  # 4 and 8: the two newest finite
+    assert manifest.steps_to_prune(folder, 2) == [2]
+    assert manifest.steps_to_prune(folder, 1, candidates=[4, 6, 8]) == [6]
     assert manifest.steps_to_prune(folder, 0) == manifest.steps_to_prune(folder, -1) == []
     edit_manifest(tmp_path / "step-8", finite=False)
-    assert manifest.steps_to_prune(folder, 1) == [2, 6]  # 4: the newest finite step
+    assert manifest.steps_to_prune(folder, 1) == [6]  # 2 and 4: the two newest finite
 
 
 def test_the_newest_verified_step_below_a_bound(tmp_path):

@@ -147,8 +147,11 @@ class FakeRecipe:
         ]
         self.phases = phases
 
-    def data_identity(self, lanes: int, weights: dict[str, float]) -> dict[str, Any]:
-        return {"weights": weights, "lanes": lanes}  # not in key order: sorted when hashed
+    def data_identity(
+        self, lanes: int, weights: dict[str, float], paths: bool = False
+    ) -> dict[str, Any]:
+        out = {"weights": weights, "lanes": lanes}  # not in key order: sorted when hashed
+        return {**out, "paths": "relative"} if paths else out
 
 
 def test_a_recipe_without_phases_is_one_phase_of_the_jobs_shape():
@@ -174,7 +177,7 @@ def test_phase_tables_inherit_what_they_leave_out():
         Phase("warm", 0, 3, 12, 16, 4, (0.7, 0.3), NAMES),
         Phase("ramp", 3, 5, 24, 16, 4, (0.7, 0.3), NAMES),
         Phase("long", 5, 8, 24, 32, 4, (0.0, 1.0), NAMES),
-        Phase("wide", 8, None, 24, 32, 8, (0.0, 1.0), NAMES),
+        Phase("wide", 8, None, 24, 32, 8, (0.0, 1.0), NAMES, lanes_from="wide"),
     )
 
 

@@ -52,15 +52,32 @@ class FakeRecipe:
             SimpleNamespace(name="code", multimodal=multimodal),
         ]
 
-    def digest(self) -> str:
-        return "recipe-digest"
+    def digest(self, paths: bool = False) -> str:
+        return "recipe-digest-with-paths" if paths else "recipe-digest"
 
-    def data_identity(self, lanes: int, weights: dict[str, float]) -> dict[str, Any]:
-        return {"lanes": lanes, "weights": weights}
+    def data_identity(
+        self,
+        lanes: int | None = None,
+        weights: dict[str, float] | None = None,
+        paths: bool = False,
+    ) -> dict[str, Any]:
+        out = {"lanes": lanes, "weights": weights}
+        if paths:  # the source paths relative to the recipe folder, as version 2 had them
+            return {
+                **out,
+                "sources": [{"name": s.name, "paths": ["a.jsonl"]} for s in self.sources],
+            }
+        return out  # fmt: skip
 
 
 def reader(n: int, remote: dict[str, str] | None = None) -> Any:
-    return SimpleNamespace(num_docs=n, remote_versions=lambda: dict(remote or {}))
+    files = [[n * 100, [f"h{n}"]]]  # a source file's content fingerprint: size, block hashes
+    return SimpleNamespace(
+        num_docs=n, remote_versions=lambda: dict(remote or {}), content_fingerprints=lambda: files
+    )
+
+
+FILES = {"prose": [[3000, ["h30"]]], "code": [[2000, ["h20"]]]}
 
 
 TOK = SimpleNamespace(fingerprint="tok-fp", choices=None)
@@ -81,7 +98,12 @@ def test_a_recipe_without_phases_keeps_its_original_fingerprint_fields():
         "seq_len": 16,
         "global_batch_size": 8,
         "lanes": 4,
+        "files": FILES,
     }
+    # what a version 2 state of the same run recorded: digests over relative paths
+    legacy = st.make_fingerprint(FakeRecipe(), [reader(30), reader(20)], TOK, PLAIN, legacy=True)
+    assert legacy["recipe"] == "recipe-digest-with-paths" and "files" not in legacy
+    assert legacy["relative_paths"] == {"prose": ["a.jsonl"], "code": ["a.jsonl"]}
 
 
 def test_a_recipe_with_phases_records_each_phase():
@@ -101,6 +123,7 @@ def test_a_recipe_with_phases_records_each_phase():
              "lanes": 8, "weights": code, "sources": {"code": 20},
              "recipe": identity(8, code)},
         ],
+        "files": FILES,
     }  # fmt: skip
 
 
@@ -139,7 +162,7 @@ def test_a_ranks_state_document():
     segment = NAMED.segment_of(3)
     assert st.rank_state(fp, NAMED, 3, 1, segment, lanes) == {
         "format": "zephon.loader_state",
-        "version": 2,
+        "version": 3,
         "fingerprint": {"seed": 1, "phases": [{"name": "warm", "start_step": 0}]},
         "step": 3,
         "rows_per_lane_per_step": 2,
@@ -149,6 +172,7 @@ def test_a_ranks_state_document():
         "lanes": lanes,
         "phase": "warm",
         "boundary_of": "ramp",
+        "later_phases": [["ramp", 3], ["anneal", 5]],  # to name a moved boundary as moved
     }
     later = st.rank_state(fp, NAMED, 6, 0, NAMED.segment_of(6), lanes)
     assert (later["phase"], later["rows_per_lane_per_step"], later["num_lanes"]) == ("anneal", 1, 8)
@@ -194,7 +218,7 @@ def test_headers_are_checked_naming_the_origin():
         "f.json: not a Zephon loader state (expected format 'zephon.loader_state')"
     )
     assert refused(lambda: st.check_header({**HEADER, "version": "2"}, "f.json")) == (
-        "f.json: state version '2'; this Zephon reads versions 1, 2"
+        "f.json: state version '2'; this Zephon reads versions 1, 2, 3"
     )
     for key in ("fingerprint", "step", "lanes"):
         bad = {k: v for k, v in HEADER.items() if k != key}
@@ -218,7 +242,7 @@ def test_load_file_names_what_is_wrong(tmp_path):
     )
     path.write_text(json.dumps({**HEADER, "version": 9}))
     assert refused(lambda: st.load_file(str(path))) == (
-        f"{path}: state version 9; this Zephon reads versions 1, 2"
+        f"{path}: state version 9; this Zephon reads versions 1, 2, 3"
     )
     path.write_text(json.dumps({**HEADER, "note": "é"}), encoding="utf-8")
     assert st.load_file(str(path))["note"] == "é"
@@ -231,15 +255,20 @@ FP = {"seq_len": 16, "global_batch_size": 8, "lanes": 4, "seed": 1, "tokenizer":
 def test_a_changed_setting_is_named_with_both_values_in_field_order():
     st.check_fingerprint(FP, dict(FP))
     current = {**FP, "recipe": "s" * 64, "seed": 2, "tokenizer": None, "remote": {"u": "e"}}
-    assert refused(lambda: st.check_fingerprint(FP, current)) == (
+    message = refused(lambda: st.check_fingerprint(FP, current))
+    assert message.startswith(
         "cannot resume: settings that define the data changed since the checkpoint (resuming "
         "would silently train on different batches):\n"
         "  seed: checkpoint has 1, this run has 2\n"
         f"  tokenizer: checkpoint has {'t' * 12}…, this run has None\n"
         "  remote: checkpoint has None, this run has {'u': 'e'}\n"
         f"  recipe: checkpoint has {'r' * 12}…, this run has {'s' * 12}…\n"
+    )
+    assert message.endswith(
         "Restore the original values, or start a new run without this checkpoint."
     )
+    # FP has no `files`: a state of version 2 or older, whose digests hold the paths
+    assert "written by an older Zephon (loader state version 2 or older)" in message
 
 
 def test_a_canary_that_differs_is_refused_first():
@@ -268,6 +297,9 @@ def phase_refusal(saved: list[dict], current: list[dict], step: int | None) -> l
     head, *lines, tail = message.split("\n")
     assert head.startswith("cannot resume: settings that define the data changed")
     assert tail == "Restore the original values, or start a new run without this checkpoint."
+    # These states have no `files` (version 2 or older): the refusal ends with a note
+    # on their path-relative digests, not a refused setting of its own.
+    lines = [ln for ln in lines if "written by an older Zephon" not in ln]
     return [line.strip() for line in lines]
 
 
@@ -299,12 +331,13 @@ def test_a_renamed_phase_is_matched_by_its_start_step():
 def test_phases_started_on_one_side_only():
     saved = [ph("a", 0), ph("b", 4)]
     assert phase_refusal(saved, [ph("a", 0), ph("b", 7)], 6) == [
-        "phase 'b' (from step 4) had started by the checkpoint's step 6; this run's recipe does "
-        "not start it by then",
+        "phase 'b' (from step 4) had started by the checkpoint's step 6; its start step moved "
+        "from 4 to 7",
     ]
     assert phase_refusal([ph("a", 0)], [ph("a", 0), ph("x", 2)], 6) == [
         "phase 'x' starts at step 2, before the checkpoint's step 6, but the checkpoint's run had "
-        "no such phase",
+        "not started it by then (it had no such phase, or started it later: a moved start step "
+        "cannot be accepted once a resume is past it)",
     ]
     # Without a step, this run's first phases are compared one for one.
     assert phase_refusal(saved, [ph("a", 0), ph("x", 4, lanes=2), ph("b", 5)], None) == [
@@ -374,13 +407,13 @@ def test_merging_refuses_what_does_not_fit():
     )
 
 
-def test_a_version_1_state_reads_as_version_2():
+def test_a_version_1_state_reads_as_the_current_version():
     v1 = {**HEADER, "version": 1, "fingerprint": {"lanes": 2}, "extra": "kept",
           "lanes": {"0": {"flush": {"row": 3, "mix": [4, 5]}, "rows_since_flush": 1},
                     "1": {"flush": {"row": 0, "mix": [0, 1]}, "rows_since_flush": 4}}}  # fmt: skip
     up = st.upgrade(v1, ["prose", "code"])
     assert up == {
-        **HEADER, "version": 2, "fingerprint": {"lanes": 2}, "extra": "kept",
+        **HEADER, "version": st.STATE_VERSION, "fingerprint": {"lanes": 2}, "extra": "kept",
         "segment_start": 0, "num_lanes": 2,
         "lanes": {"0": {"flush": {"row": 3, "mix": {"prose": 4, "code": 5}}, "rows_since_flush": 1},
                   "1": {"flush": {"row": 0, "mix": {"prose": 0, "code": 1}},
@@ -393,7 +426,9 @@ def test_a_version_1_state_reads_as_version_2():
         8,
     )
     v2 = {**HEADER, "lanes": {"0": {"flush": {"mix": [1]}}}}
-    assert st.upgrade(v2, NAMES) is v2
+    assert st.upgrade(v2, NAMES) == {**v2, "version": st.STATE_VERSION}  # nothing else moves
+    v3 = {**v2, "version": 3}
+    assert st.upgrade(v3, NAMES) is v3
     assert refused(lambda: st.upgrade(v1, ["prose", "code", "math"])) == (
         "loader state: lane 0 has 2 mixer counts, the recipe's first phase mixes 3 sources "
         "(prose, code, math)"
