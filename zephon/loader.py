@@ -36,7 +36,7 @@ from zephon.recipe import Recipe, load_recipe
 from zephon.resume import resume_starts
 from zephon.scheduler import DemandScheduler
 from zephon.stage_profile import StageProfile
-from zephon.state import check_fingerprint, check_header, make_fingerprint, rank_state, upgrade
+from zephon.state import check_header, check_state_data, make_fingerprint, rank_state, upgrade
 from zephon.tokenize import TokenizerInfo, resolve_tokenizer
 from zephon.tolerant import dropped_count, dropped_state, restore_dropped
 
@@ -286,14 +286,9 @@ class ZephonLoader:
         check_header(state)
         first = self.schedule.phases[0]
         state = upgrade(state, list(first.weights_by_name))
-        saved = state["fingerprint"]
-        current = self.fingerprint
-        if "files" not in saved:  # an older state: its digests cover relative paths
-            readers = self.ctx.readers
-            current = make_fingerprint(self.recipe, readers, self.tok, self.schedule, legacy=True)
-        names = {r.spec.name: [f.url for f in r.content_files()] for r in self.ctx.readers}
-        later = state.get("later_phases")
-        check_fingerprint(saved, current, int(state["step"]), later, names)
+        check_state_data(
+            state, self.fingerprint, self.recipe, self.ctx.readers, self.tok, self.schedule
+        )
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

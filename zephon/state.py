@@ -124,6 +124,25 @@ def make_fingerprint(
     return fingerprint
 
 
+def check_state_data(
+    state: dict[str, Any],
+    fingerprint: dict[str, Any],
+    recipe: Any,
+    readers: Sequence[Any],
+    tok: Any,
+    schedule: Any,
+) -> None:
+    """Refuse a state (upgraded) whose data differs from this run's `fingerprint`. An
+    older state, without `files`, is checked against the digests it recorded, over
+    source paths relative to the recipe folder."""
+    saved = state["fingerprint"]
+    current = fingerprint
+    if "files" not in saved:
+        current = make_fingerprint(recipe, readers, tok, schedule, legacy=True)
+    names = {r.spec.name: [f.url for f in r.content_files()] for r in readers}
+    check_fingerprint(saved, current, int(state["step"]), state.get("later_phases"), names)
+
+
 def fingerprint_at(fingerprint: dict[str, Any], steps_done: int) -> dict[str, Any]:
     """The fingerprint a state written after `steps_done` steps records: only the
     phases that had produced a batch by then."""
