@@ -204,12 +204,21 @@ def attach_reasons(results: dict[str, Any]) -> None:
     )
 
 
+def by_number(name: str) -> tuple[str, int]:
+    """Sort key: a function's mutants in mutmut's order (2 before 10)."""
+    function, _, number = name.partition("__mutmut_")
+    return function, int(number) if number.isdigit() else 0
+
+
 def unexplained(results: dict[str, Any]) -> list[str]:
     return sorted(
-        name
-        for mod in results["modules"].values()
-        for name, m in mod["not_killed"].items()
-        if m["status"] in SURVIVED and "why" not in m
+        (
+            name
+            for mod in results["modules"].values()
+            for name, m in mod["not_killed"].items()
+            if m["status"] in SURVIVED and "why" not in m
+        ),
+        key=by_number,
     )
 
 
@@ -293,7 +302,9 @@ def page(results: dict[str, Any]) -> str:
     for label in MODULES:
         if label not in mods:
             continue
-        names = [n for n, m in sorted(mods[label]["not_killed"].items()) if "why" in m]
+        names = sorted(
+            (n for n, m in mods[label]["not_killed"].items() if "why" in m), key=by_number
+        )
         if not names:
             continue
         out += [f"### `{mods[label]['file']}`", ""]

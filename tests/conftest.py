@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import locale
 import random
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -115,3 +117,17 @@ def zephon_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, di
     dump = tmp_path_factory.mktemp("ref4")
     ok(torchrun(4, dump))
     return dump, metrics(dump)
+
+
+@pytest.fixture
+def ascii_locale() -> Iterator[None]:
+    """LC_CTYPE "C" for the test: open() without an encoding then reads ASCII, so a
+    file read that relies on the machine's locale fails on UTF-8 text."""
+    old = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")
+    try:
+        if sys.flags.utf8_mode or locale.getencoding().lower().replace("-", "") == "utf8":
+            pytest.skip("open() reads UTF-8 whatever the locale here")
+        yield
+    finally:
+        locale.setlocale(locale.LC_CTYPE, old)
