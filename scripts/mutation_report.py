@@ -11,8 +11,9 @@ whose reason was written for another change) is listed as unexplained and the
 script exits 1: kill it with a test, or explain it.
 
     pip install -r requirements-mutation.txt
-    python scripts/mutation_report.py                # every module (about an hour on 2 cores)
+    python scripts/mutation_report.py --fresh        # every module (about 30 min on 2 cores)
     python scripts/mutation_report.py layout mixing  # these; the others keep their last results
+    python scripts/mutation_report.py --again        # only the mutants not killed last time
     python scripts/mutation_report.py --page-only    # the page again, from mutation.json
 
 Not run in CI (too slow). mutmut works in mutants/ (ignored by git) and keeps
@@ -204,12 +205,21 @@ def attach_reasons(results: dict[str, Any]) -> None:
     )
 
 
+def by_number(name: str) -> tuple[str, int]:
+    """Sort key: a function's mutants in mutmut's order (2 before 10)."""
+    function, _, number = name.partition("__mutmut_")
+    return function, int(number) if number.isdigit() else 0
+
+
 def unexplained(results: dict[str, Any]) -> list[str]:
     return sorted(
-        name
-        for mod in results["modules"].values()
-        for name, m in mod["not_killed"].items()
-        if m["status"] in SURVIVED and "why" not in m
+        (
+            name
+            for mod in results["modules"].values()
+            for name, m in mod["not_killed"].items()
+            if m["status"] in SURVIVED and "why" not in m
+        ),
+        key=by_number,
     )
 
 
@@ -293,7 +303,9 @@ def page(results: dict[str, Any]) -> str:
     for label in MODULES:
         if label not in mods:
             continue
-        names = [n for n, m in sorted(mods[label]["not_killed"].items()) if "why" in m]
+        names = sorted(
+            (n for n, m in mods[label]["not_killed"].items() if "why" in m), key=by_number
+        )
         if not names:
             continue
         out += [f"### `{mods[label]['file']}`", ""]
@@ -305,20 +317,24 @@ def page(results: dict[str, Any]) -> str:
         "## How to run it",
         "",
         "```",
-        "pip install -r requirements-mutation.txt   # mutmut, pinned",
-        "python scripts/mutation_report.py               # every module: the wall time above",
-        "python scripts/mutation_report.py packing       # one module (the others keep theirs)",
-        "python scripts/mutation_report.py --page-only   # this page again after editing reasons",
-        "mutmut show <mutant name>                       # a mutant's diff, from the repo root",
+        "pip install -r requirements-mutation.txt           # mutmut, pinned",
+        "python scripts/mutation_report.py --fresh          # every module: the wall time above",
+        "python scripts/mutation_report.py packing          # one module (the others keep theirs)",
+        "python scripts/mutation_report.py --again          # only what survived last time",
+        "python scripts/mutation_report.py --page-only      # this page again after editing reasons",
+        "mutmut show <mutant name>                          # a mutant's diff, from the repo root",
         "```",
         "",
         "The configuration is `[tool.mutmut]` in `pyproject.toml`: the mutated files, and "
         "the tests run against them (listed test files, minus slow-marked tests, tests "
-        "that start processes and the multi-second integration tests). A new surviving "
-        "mutant fails the script (exit 1) until a test kills it or "
-        "`docs/results/mutation_equivalent.toml` says, under the mutant's name and with "
-        "its changed line, why no behaviour can tell it apart. Not run in CI: it takes "
-        "the time above on two cores.",
+        "that start processes and those over about a second: every surviving mutant runs "
+        "all the tests that reach its function). A new surviving mutant fails the script "
+        "(exit 1) until a test kills it or `docs/results/mutation_equivalent.toml` says, "
+        "under the mutant's name and with its changed line, why no behaviour can tell it "
+        "apart. While writing tests, `--again` reruns only the mutants not killed last "
+        "time (adding tests kills, it never revives). Objects a test module builds at "
+        "import escape the mutants (mutmut switches them on per test): build what is "
+        "under test inside the test. Not run in CI: it takes the time above on two cores.",
         "",
     ]
     return "\n".join(out)

@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 
 from zephon.boundary import enter_segment
-from zephon.deal import deal_source
+from zephon.deal import Deal, build_lane_docs, deal_source
 from zephon.errors import StateError
+from zephon.lane_docs import PlanLaneDocs
 from zephon.phases import Phase, Segment
+from zephon.shuffle import SourcePlan, keyed_permutation
 
 NAMES = ("a", "b")
 
@@ -144,3 +146,125 @@ def test_a_small_source_starts_each_new_lanes_walk_at_the_first_unbegun_epoch():
         [],
         [(2, 0, False)] * 3,
     )
+
+
+def test_a_point_without_skip_tokens_is_a_boundary_point():
+    bare = {k: v for k, v in point(0).items() if k != "skip_tokens"}
+    starts, _ = enter_segment(ctx(), {0: bare}, BEFORE, segment(1, 2, None, seq=32))
+    assert starts[0]["skip_tokens"] == 0
+
+
+def test_a_lane_count_change_asks_each_sources_plan_and_continues_its_chain():
+    # Source b is small in the old plan (a walk per lane); a's chain so far is kept.
+    kept = {"phase": "p0", "lanes_before": 2, "lanes_after": 4,
+            "cursors": [[0, 3, False], [0, 1, False]]}  # fmt: skip
+    asked = []
+
+    def plan(i: int, lanes: int) -> Any:
+        asked.append((i, lanes))
+        return SimpleNamespace(per_lane_walk=(i == 1))
+
+    c = SimpleNamespace(recipe=ctx().recipe, deals={"a": [kept]}, plan=plan)
+    points = {lane: point(lane) for lane in range(4)}
+    points[2]["sources"]["b"] = {"epoch": 1, "pos": 2, "retired": False}
+    starts, deals = enter_segment(c, points, BEFORE, segment(1, 2, None, lanes=2))
+    assert asked == [(0, 4), (1, 4)]
+    assert deals == {"a": [kept, {"phase": "p1", "lanes_before": 4, "lanes_after": 2,
+                                  "cursors": [[0, 5, False], [0, 6, False], [0, 7, False],
+                                              [0, 8, False]]}]}  # fmt: skip
+    # b's walks: lane 2 began epoch 1, so every new lane starts epoch 2.
+    assert [s["sources"]["b"] for s in starts.values()] == [
+        {"epoch": 2, "pos": 0, "retired": False}
+    ] * 2
+
+
+# -- the deal itself (zephon/deal.py) -------------------------------------------------------
+
+
+def plan3() -> SourcePlan:
+    """Built in each test, not at import: the code under test runs inside the test."""
+    return SourcePlan("s", 23, 3, 4, 7, True)  # lane blocks of epoch 0: [1, 0], [3, 4], [5, 2]
+
+
+def old_lanes() -> list[PlanLaneDocs]:
+    return [PlanLaneDocs(plan3(), lane, True) for lane in range(3)]
+
+
+CURSORS = [(0, 1, False), (0, 0, False), (1, 5, False)]
+
+
+def dealt_by_hand(pool: list[tuple[int, int, int]], order: list[int], lanes: int) -> list[list]:
+    return [[pool[k] for i, k in enumerate(order) if i % lanes == j] for j in range(lanes)]
+
+
+def test_the_pool_of_an_epoch_is_what_its_old_lanes_had_not_drawn_dealt_in_keyed_order():
+    deal = Deal(old_lanes(), CURSORS, 2, (7, "s", "ph"), True)
+    assert (deal.first, deal.last) == (0, 1)
+    # Epoch 0: lane 0 took 1 document of its first block, lane 1 none, lane 2 is past it.
+    pool0 = [(0, 0, 1), (0, 1, 0), (1, 0, 0), (1, 1, 0)]
+    order0 = keyed_permutation(4, 7, "s", 0, "deal", "ph").tolist()
+    assert deal.pieces(0) == dealt_by_hand(pool0, order0, 2) == [
+        [(0, 1, 0), (1, 1, 0)], [(0, 0, 1), (1, 0, 0)],
+    ]  # fmt: skip
+    # Epoch 1: all of lanes 0 and 1; lane 2 from its 6th document (block 1, offset 2).
+    assert old_lanes()[2].locate(1, 5) == (1, 2)
+    pool1 = [(0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0), (2, 1, 2)]
+    order1 = keyed_permutation(5, 7, "s", 1, "deal", "ph").tolist()
+    assert deal.pieces(1) == dealt_by_hand(pool1, order1, 2)
+    unshuffled = Deal(old_lanes(), CURSORS, 2, (7, "s", "ph"), False)
+    assert unshuffled.pieces(1) == dealt_by_hand(pool1, list(range(5)), 2)
+
+
+def test_retired_lanes_and_lanes_at_their_epochs_end_give_nothing():
+    cursors = [(0, 8, False), (3, 0, True), (0, 0, False)]  # lane 0 drew all 8 of epoch 0
+    deal = Deal(old_lanes(), cursors, 2, (7, "s", "ph"), False)
+    assert (deal.first, deal.last) == (0, 0)
+    assert deal.pieces(0) == [[(2, 0, 0)], [(2, 1, 0)]]
+
+
+def test_a_new_lanes_documents_are_its_pieces_then_the_new_plan():
+    chain = [{"phase": "ph", "lanes_before": 3, "lanes_after": 2,
+              "cursors": [list(c) for c in CURSORS]}]  # fmt: skip
+    new = build_lane_docs(chain, lambda n: SourcePlan("s", 23, n, 4, 7, True), True, 7, "s", True)
+    lane = new[1]  # epoch 0 pieces: 3 documents of old lane 0's block 1, all of lane 1's block 3
+    assert (lane.epoch_docs(0), lane.num_blocks(0), lane.repeat) == (7, 2, True)
+    assert [lane.block_size(0, j) for j in range(2)] == [3, 4]
+    parts = [lane.block(0, j) for j in range(2)]
+    assert [(p.start, p.end) for p in parts] == [(4, 8), (12, 16)]
+    assert parts[0].order.tolist() == plan3().block_order(0, 1)[1:].tolist()
+    assert parts[1].order.tolist() == plan3().block_order(0, 3).tolist()
+    assert [lane.locate(0, pos) for pos in range(7)] == [
+        (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (1, 3),
+    ]  # fmt: skip
+    # Past the dealt epochs: the plain plan for two lanes.
+    after = PlanLaneDocs(SourcePlan("s", 23, 2, 4, 7, True), 1, True)
+    assert (lane.epoch_docs(2), lane.num_blocks(2)) == (after.epoch_docs(2), after.num_blocks(2))
+    assert [lane.locate(2, pos) for pos in (0, 5)] == [after.locate(2, pos) for pos in (0, 5)]
+    # In epoch 6 the new plan's short block (3 documents) is this lane's second.
+    assert lane.locate(6, 7) == after.locate(6, 7) == (2, 0)
+    assert [lane.block_size(2, j) for j in range(3)] == [after.block_size(2, j) for j in range(3)]
+    assert [(b.start, b.end) for b in (lane.block(2, j) for j in range(3))] == [
+        (b.start, b.end) for b in (after.block(2, j) for j in range(3))
+    ]
+
+
+def test_a_record_is_read_with_its_retired_lanes_and_must_cover_its_lanes():
+    plan_for = lambda n: SourcePlan("s", 23, n, 4, 7, True)  # noqa: E731
+    retired = [{"phase": "ph", "lanes_before": 3, "lanes_after": 2,
+                "cursors": [[0, 1, False], [0, 0, 1], [0, 0, False]]}]  # fmt: skip
+    new = build_lane_docs(retired, plan_for, True, 7, "s", False)
+    # Lane 0 left 7 of its 8, lane 2 all of its 7 (its block 5 is short), lane 1 nothing.
+    assert sum(lane.epoch_docs(0) for lane in new) == 7 + 7
+    short = [{**retired[0], "cursors": [[0, 1, False], [0, 0, False]]}]
+    with pytest.raises(ValueError):
+        build_lane_docs(short, plan_for, True, 7, "s", False)[0].epoch_docs(0)
+
+
+def test_a_dropped_chain_leaves_the_new_record_alone():
+    chain = [{"phase": "x", "lanes_before": 2, "lanes_after": 2,
+              "cursors": [[0, 1, False], [1, 0, False]]}]  # fmt: skip
+    assert deal_source(chain, [(2, 3, False), (2, 0, False)], False, 2, "y") == (
+        [{"phase": "y", "lanes_before": 2, "lanes_after": 2,
+          "cursors": [[2, 3, False], [2, 0, False]]}],
+        [(2, 0, False)] * 2,
+    )  # fmt: skip

@@ -104,6 +104,18 @@ def test_sizes_round_to_windows_and_stay_within_the_pixel_budget():
         target_size(0, 5, SMALL)
     assert str(info.value) == "image size must be positive, got 0 x 5"
     assert target_size(1, 1, ImageSpec()) == (56, 56)
+    sizes = target_size(400, 4, SMALL) + target_size(4, 400, SMALL) + target_size(4, 4, SMALL)
+    assert all(type(v) is int for v in sizes)
+
+
+def test_scaling_up_past_max_pixels_takes_the_scaled_down_size():
+    tight = ImageSpec(patch_size=2, merge=2, min_pixels=5 * 16, max_pixels=5 * 16)
+    # 6 x 4 rounds to 2 windows; scaled up to min_pixels it is 3 x 2 = 6 windows, over
+    # the 5 allowed, so step 2's size is taken: 2 x 1 windows.
+    assert target_size(6, 4, tight) == (8, 4)
+    # Scaled up to exactly the cap (3 windows) is kept, not scaled down again.
+    exact = ImageSpec(patch_size=2, merge=2, min_pixels=2 * 16, max_pixels=3 * 16)
+    assert target_size(2, 5, exact) == (4, 12)
 
 
 def test_shrink_counts_windows_and_cuts_only_a_raised_side():

@@ -377,3 +377,41 @@ def test_file_checksum_reads_in_chunks(tmp_path, monkeypatch):
     data = os.urandom(100)
     (tmp_path / "f").write_bytes(data)
     assert manifest.file_checksum(str(tmp_path / "f")) == xxhash.xxh3_64(data).hexdigest()
+
+
+def test_manifests_are_read_as_utf8_whatever_the_locale(tmp_path, ascii_locale):
+    path = tmp_path / "doc.json"
+    path.write_text('{"step": 3, "note": "é"}', encoding="utf-8")
+    assert manifest._read_json(str(path)) == {"step": 3, "note": "é"}
+    (tmp_path / "step-3").mkdir()
+    (tmp_path / "step-3" / COMPLETE_FILE).write_text('{"finite": false, "note": "é"}', "utf-8")
+    assert manifest.step_finite(str(tmp_path), 3) is False
+
+
+def test_no_finite_step_is_none_and_a_stepless_loader_state_is_named(tmp_path):
+    for step in (2, 4):
+        step_folder(tmp_path, step, finite=False)
+    assert manifest.newest_finite(str(tmp_path)) is None
+    d = tmp_path / "step-4"
+    (d / LOADER_FILE).write_text("{}")
+    edit_manifest(d, files={})
+    assert refusal(lambda: manifest.verify_step_dir(str(d))) == (
+        f"{d / LOADER_FILE}: no step recorded in the loader state"
+    )
+    assert refusal(lambda: manifest.loader_state_step({"ranks": 5}, "p")) == (
+        "p: no step recorded in the loader state"
+    )
+
+
+def test_the_newest_verified_and_the_resume_step_check_what_they_are_asked(tmp_path):
+    for step in (2, 4):
+        step_folder(tmp_path, step)
+    # Same size, other bytes: passes "size", fails "full".
+    (tmp_path / "step-4" / ".metadata").write_bytes(b"dcp metadatA")
+    folder = str(tmp_path)
+    assert manifest.newest_verified(folder, "size") == 4
+    assert manifest.newest_verified(folder, "full") == 2
+    # Listed order: .metadata (0), __0_0.distcp (1), dataloader.json (2), extra.bin (3):
+    # the rank with share (1, 2) checksums 1 and 3, not the changed .metadata.
+    assert manifest.select_resume_step(folder, 4, "full", (1, 2)) == 4
+    assert "fails verification" in refusal(lambda: manifest.select_resume_step(folder, 4, "full"))

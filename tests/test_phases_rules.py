@@ -27,24 +27,30 @@ def phase(name: str | None, start: int, end: int | None, **kw: Any) -> Phase:
 WARM, RAMP = phase("warm", 0, 2), phase("ramp", 2, 4, gbs=16)
 LONG = phase("long", 4, 6, seq=32)
 ANNEAL = phase("anneal", 6, None, lanes=8, weights=(0.0, 1.0))
-SCHEDULE = Schedule((WARM, RAMP, LONG, ANNEAL), named=True)
+
+
+def four() -> Schedule:
+    """Built in each test, not at import: the code under test runs inside the test."""
+    return Schedule((WARM, RAMP, LONG, ANNEAL), named=True)
 
 
 def test_anything_but_the_batch_size_ends_a_segment():
+    schedule = four()
     assert not flushes(WARM, RAMP)
     assert flushes(RAMP, LONG) and flushes(LONG, ANNEAL)
     assert flushes(WARM, phase("w", 2, None, weights=(0.5, 0.5)))
     assert flushes(WARM, phase("l", 2, None, lanes=8, gbs=16))
-    assert [[p.name for p in s.phases] for s in SCHEDULE.segments] == [
+    assert [[p.name for p in s.phases] for s in schedule.segments] == [
         ["warm", "ramp"], ["long"], ["anneal"],
     ]  # fmt: skip
-    assert [s.index for s in SCHEDULE.segments] == [0, 1, 2]
+    assert [s.index for s in schedule.segments] == [0, 1, 2]
     again = Schedule((WARM, RAMP, phase("back", 4, None)), named=True)
     assert [len(s.phases) for s in again.segments] == [3]
 
 
 def test_rows_each_lane_gave_before_a_step_across_a_batch_size_ramp():
-    ramp, long, anneal = SCHEDULE.segments
+    schedule = four()
+    ramp, long, anneal = schedule.segments
     # warm: 8 rows over 4 lanes = 2 a step for 2 steps, then ramp: 4 a step.
     assert [ramp.rows_before(i) for i in range(6)] == [0, 2, 4, 8, 12, 12]
     assert (ramp.end_row, long.end_row, anneal.end_row) == (12, 4, None)
@@ -53,58 +59,62 @@ def test_rows_each_lane_gave_before_a_step_across_a_batch_size_ramp():
 
 
 def test_the_phase_and_segment_of_a_batch_and_of_a_trainer_step():
-    assert [SCHEDULE.phase_of(i).name for i in range(8)] == [
+    schedule = four()
+    assert [schedule.phase_of(i).name for i in range(8)] == [
         "warm", "warm", "ramp", "ramp", "long", "long", "anneal", "anneal",
     ]  # fmt: skip
-    assert [SCHEDULE.phase_at(s).name for s in (0, 1, 2, 3, 5, 7)] == [
+    assert [schedule.phase_at(s).name for s in (0, 1, 2, 3, 5, 7)] == [
         "warm", "warm", "warm", "ramp", "long", "anneal",
     ]  # fmt: skip
     short = Schedule((phase("a", 0, 1), phase("b", 1, None, gbs=16)), named=True)
     assert [short.phase_at(s).name for s in (0, 1, 2)] == ["a", "a", "b"]
-    assert [SCHEDULE.segment_of(i).index for i in (0, 3, 4, 5, 6, 100)] == [0, 0, 1, 1, 2, 2]
-    assert SCHEDULE.segment_of(-1) is SCHEDULE.segments[0]
+    assert [schedule.segment_of(i).index for i in (0, 3, 4, 5, 6, 100)] == [0, 0, 1, 1, 2, 2]
+    assert schedule.segment_of(-1) is schedule.segments[0]
     with pytest.raises(ValueError) as info:
-        SCHEDULE.segments[1].phase_of(3)
+        schedule.segments[1].phase_of(3)
     assert str(info.value) == "batch 3 is before segment 1"
 
 
 def test_phases_started_and_unfinished_after_some_steps():
+    schedule = four()
     names = lambda ps: [p.name for p in ps]  # noqa: E731
-    assert [names(SCHEDULE.started(n)) for n in (0, 1, 2, 3)] == [
+    assert [names(schedule.started(n)) for n in (0, 1, 2, 3)] == [
         [], ["warm"], ["warm"], ["warm", "ramp"],
     ]  # fmt: skip
-    assert names(SCHEDULE.unfinished(0)) == ["warm", "ramp", "long", "anneal"]
-    assert names(SCHEDULE.unfinished(2)) == ["ramp", "long", "anneal"]
-    assert names(SCHEDULE.unfinished(100)) == ["anneal"]
+    assert names(schedule.unfinished(0)) == ["warm", "ramp", "long", "anneal"]
+    assert names(schedule.unfinished(2)) == ["ramp", "long", "anneal"]
+    assert names(schedule.unfinished(100)) == ["anneal"]
     assert (WARM.steps(), RAMP.steps(), ANNEAL.steps()) == (2, 2, None)
 
 
 def test_layouts_of_the_phases_still_to_come():
-    assert list(SCHEDULE.layouts(2)) == ["warm", "ramp", "long", "anneal"]
-    assert list(SCHEDULE.layouts(2, from_step=4)) == ["long", "anneal"]
+    schedule = four()
+    assert list(schedule.layouts(2)) == ["warm", "ramp", "long", "anneal"]
+    assert list(schedule.layouts(2, from_step=4)) == ["long", "anneal"]
     short = Schedule((phase("a", 0, 1), phase("b", 1, None, gbs=16)), named=True)
     assert list(short.layouts(2)) == ["a", "b"]
-    got = SCHEDULE.layouts(2, micro_batch=lambda p: p.global_batch_size // 4)
+    got = schedule.layouts(2, micro_batch=lambda p: p.global_batch_size // 4)
     assert {n: (lay.dp_size, lay.micro_batch_size) for n, lay in got.items()} == {
         "warm": (2, 2), "ramp": (2, 4), "long": (2, 2), "anneal": (2, 2),
     }  # fmt: skip
-    assert SCHEDULE.layout_of(ANNEAL, 2).describe() == (
+    assert schedule.layout_of(ANNEAL, 2).describe() == (
         "lanes=8 dp=2 global_batch=8 rows/lane/step=1 rows/rank=4 micro_batch=4 micro_steps=1 "
         "idle=0.0%"
     )
-    assert SCHEDULE.layout_of(RAMP, 4, micro_batch=2).micro_steps == 2
+    assert schedule.layout_of(RAMP, 4, micro_batch=2).micro_steps == 2
 
 
 def test_micro_batch_tokens_are_whole_rows_of_the_phases_seq_len():
-    by_tokens = SCHEDULE.layout_of(LONG, 2, micro_batch_tokens=64)
+    schedule = four()
+    by_tokens = schedule.layout_of(LONG, 2, micro_batch_tokens=64)
     assert by_tokens.describe() == (
         "lanes=4 dp=2 global_batch=8 rows/lane/step=2 rows/rank=4 micro_batch=2 micro_steps=2 "
         "idle=0.0%"
     )
-    assert SCHEDULE.layout_of(WARM, 2, micro_batch_tokens=16).micro_batch_size == 1
+    assert schedule.layout_of(WARM, 2, micro_batch_tokens=16).micro_batch_size == 1
     for tokens in (40, 8):
         with pytest.raises(LayoutError) as info:
-            SCHEDULE.layout_of(WARM, 2, micro_batch_tokens=tokens)
+            schedule.layout_of(WARM, 2, micro_batch_tokens=tokens)
         assert str(info.value) == (
             f"phase 'warm' (from step 0): micro_batch_tokens {tokens} is not a whole number of "
             "rows of seq_len 16"
@@ -115,25 +125,26 @@ def test_micro_batch_tokens_are_whole_rows_of_the_phases_seq_len():
         )
     assert str(info.value) == "micro_batch_tokens 8 is not a whole number of rows of seq_len 16"
     with pytest.raises(LayoutError) as info:
-        SCHEDULE.layout_of(phase("x", 3, None, lanes=3), 2, max_idle_share=0.5)
+        schedule.layout_of(phase("x", 3, None, lanes=3), 2, max_idle_share=0.5)
     assert str(info.value).startswith(
         "phase 'x' (from step 3): global batch size 8 is not divisible by the lane count 3"
     )
 
 
 def test_which_step_needs_a_token_offset_of_the_lane():
-    ramp = SegmentSteps(SCHEDULE.segments[0])
+    schedule = four()
+    ramp = SegmentSteps(schedule.segments[0])
     # Rows of 17 tokens: 2 a step (34 tokens) in steps 0-1, 4 (68 tokens) in steps 2-3.
     offsets = (0, 33, 34, 67, 68, 135, 136, 203, 204, 10_000)
     assert [ramp.step_of(o) for o in offsets] == [0, 0, 1, 1, 2, 2, 3, 3, NEVER, NEVER]
     assert [ramp.need_step(o) for o in offsets] == [ramp.step_of(o) for o in offsets]
-    held = SegmentSteps(SCHEDULE.segments[0], held_rows=2)  # 34 tokens ahead
+    held = SegmentSteps(schedule.segments[0], held_rows=2)  # 34 tokens ahead
     assert [held.need_step(o) for o in (10, 34, 68, 102, 203, 204)] == [0, 0, 1, 2, 3, NEVER]
-    last = SegmentSteps(SCHEDULE.segments[2], held_rows=1)
+    last = SegmentSteps(schedule.segments[2], held_rows=1)
     assert [last.step_of(o) for o in (0, 16, 17, 170)] == [6, 6, 7, 16]
     assert last.need_step(17) == 6
     assert [ramp.lane_tokens(s) for s in (0, 1, 2, 3)] == [34, 34, 68, 68]
-    assert SegmentSteps(SCHEDULE.segments[1]).lane_tokens(0) == 66  # from the segment's start
+    assert SegmentSteps(schedule.segments[1]).lane_tokens(0) == 66  # from the segment's start
 
 
 class FakeRecipe:

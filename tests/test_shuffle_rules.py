@@ -57,7 +57,9 @@ def test_blocks_are_dealt_to_lanes_in_the_epochs_block_order():
     )
     assert [c for _, c in got] == [[0, 4, 8], [0, 3, 7], [0, 4, 8]]
     assert [plan.lane_docs(0, lane) for lane in range(3)] == [8, 7, 8]
-    assert plan.lane_blocks(0, 1)[0].dtype == np.int64
+    assert (
+        plan.lane_blocks(0, 1)[0].dtype == np.int64 and plan.lane_blocks(0, 1)[1].dtype == np.int64
+    )
     assert (
         plan.lane_blocks(1, 0)[0].tolist()
         == keyed_permutation(6, 7, "prose", 1, "blocks")[0::3].tolist()

@@ -23,15 +23,20 @@ def phase(name: str | None, start: int, end: int | None, **kw: Any) -> Phase:
     return Phase(name, start, end, kw["gbs"], kw["seq"], kw["lanes"], kw["weights"], NAMES)
 
 
-NAMED = Schedule(
-    (
-        phase("warm", 0, 3),
-        phase("ramp", 3, 5, gbs=16),
-        phase("anneal", 5, None, lanes=8, weights=(0.0, 1.0)),
-    ),
-    named=True,
-)
-PLAIN = Schedule((phase(None, 0, None),), named=False)
+def named_schedule() -> Schedule:
+    """Built in each test, not at import: the code under test runs inside the test."""
+    return Schedule(
+        (
+            phase("warm", 0, 3),
+            phase("ramp", 3, 5, gbs=16),
+            phase("anneal", 5, None, lanes=8, weights=(0.0, 1.0)),
+        ),
+        named=True,
+    )
+
+
+def plain_schedule() -> Schedule:
+    return Schedule((phase(None, 0, None),), named=False)
 
 
 def refused(call: Any) -> str:
@@ -89,7 +94,7 @@ def identity(lanes: int, weights: dict[str, float]) -> str:
 
 
 def test_a_recipe_without_phases_keeps_its_original_fingerprint_fields():
-    fp = st.make_fingerprint(FakeRecipe(), [reader(30), reader(20)], TOK, PLAIN)
+    fp = st.make_fingerprint(FakeRecipe(), [reader(30), reader(20)], TOK, plain_schedule())
     assert fp == {
         "tokenizer": "tok-fp",
         "seed": 7,
@@ -107,7 +112,7 @@ def test_a_recipe_without_phases_keeps_its_original_fingerprint_fields():
 
 
 def test_a_recipe_with_phases_records_each_phase():
-    fp = st.make_fingerprint(FakeRecipe(), [reader(30), reader(20)], TOK, NAMED)
+    fp = st.make_fingerprint(FakeRecipe(), [reader(30), reader(20)], TOK, named_schedule())
     both, code = {"prose": 0.7, "code": 0.3}, {"code": 1.0}
     assert fp == {
         "tokenizer": "tok-fp",
@@ -131,21 +136,21 @@ def test_special_tokens_remote_files_and_images_add_their_fields(monkeypatch):
     monkeypatch.setattr(canary, "decode_canary", lambda spec: {"of": spec})
     tok = SimpleNamespace(fingerprint="tok-fp", choices={"eos": "<e>"})
     readers = [reader(30, {"s3://b/a": "etag-a"}), reader(20, {"s3://b/c": "etag-c"})]
-    fp = st.make_fingerprint(FakeRecipe(multimodal=True), readers, tok, PLAIN)
+    fp = st.make_fingerprint(FakeRecipe(multimodal=True), readers, tok, plain_schedule())
     assert fp["tokenizer_choices"] == {"eos": "<e>"}
     assert fp["remote"] == {"s3://b/a": "etag-a", "s3://b/c": "etag-c"}
     assert fp["decode_canary"] == {"of": "the image spec"}
-    plain = st.make_fingerprint(FakeRecipe(), [reader(30), reader(20)], TOK, PLAIN)
+    plain = st.make_fingerprint(FakeRecipe(), [reader(30), reader(20)], TOK, plain_schedule())
     assert not {"tokenizer_choices", "remote", "decode_canary"} & set(plain)
 
 
 def test_every_source_needs_its_reader():
     with pytest.raises(ValueError):
-        st.make_fingerprint(FakeRecipe(), [reader(30)], TOK, PLAIN)
+        st.make_fingerprint(FakeRecipe(), [reader(30)], TOK, plain_schedule())
 
 
 def test_a_state_records_only_the_phases_started_by_its_step():
-    fp = st.make_fingerprint(FakeRecipe(), [reader(30), reader(20)], TOK, NAMED)
+    fp = st.make_fingerprint(FakeRecipe(), [reader(30), reader(20)], TOK, named_schedule())
     assert [p["name"] for p in st.fingerprint_at(fp, 3)["phases"]] == ["warm"]
     assert [p["name"] for p in st.fingerprint_at(fp, 4)["phases"]] == ["warm", "ramp"]
     assert st.fingerprint_at(fp, 3)["seed"] == 7
@@ -159,8 +164,8 @@ def test_a_ranks_state_document():
         "phases": [{"name": "warm", "start_step": 0}, {"name": "ramp", "start_step": 3}],
     }
     lanes = {"0": {"flush": {"row": 0}, "rows_since_flush": 2}}
-    segment = NAMED.segment_of(3)
-    assert st.rank_state(fp, NAMED, 3, 1, segment, lanes) == {
+    segment = named_schedule().segment_of(3)
+    assert st.rank_state(fp, named_schedule(), 3, 1, segment, lanes) == {
         "format": "zephon.loader_state",
         "version": 3,
         "fingerprint": {"seed": 1, "phases": [{"name": "warm", "start_step": 0}]},
@@ -174,11 +179,13 @@ def test_a_ranks_state_document():
         "boundary_of": "ramp",
         "later_phases": [["ramp", 3], ["anneal", 5]],  # to name a moved boundary as moved
     }
-    later = st.rank_state(fp, NAMED, 6, 0, NAMED.segment_of(6), lanes)
+    later = st.rank_state(fp, named_schedule(), 6, 0, named_schedule().segment_of(6), lanes)
     assert (later["phase"], later["rows_per_lane_per_step"], later["num_lanes"]) == ("anneal", 1, 8)
     assert later["segment_start"] == 5 and "boundary_of" not in later
-    assert "boundary_of" not in st.rank_state(fp, NAMED, 0, 0, NAMED.segment_of(0), lanes)
-    plain = st.rank_state({"seed": 1}, PLAIN, 3, 0, PLAIN.segments[0], lanes)
+    assert "boundary_of" not in st.rank_state(
+        fp, named_schedule(), 0, 0, named_schedule().segment_of(0), lanes
+    )
+    plain = st.rank_state({"seed": 1}, plain_schedule(), 3, 0, plain_schedule().segments[0], lanes)
     assert "phase" not in plain and "boundary_of" not in plain
 
 
@@ -432,4 +439,51 @@ def test_a_version_1_state_reads_as_the_current_version():
     assert refused(lambda: st.upgrade(v1, ["prose", "code", "math"])) == (
         "loader state: lane 0 has 2 mixer counts, the recipe's first phase mixes 3 sources "
         "(prose, code, math)"
+    )
+
+
+def test_a_loader_state_is_read_as_utf8_whatever_the_locale(tmp_path, ascii_locale):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({**HEADER, "note": "é"}, ensure_ascii=False), encoding="utf-8")
+    assert st.load_file(str(path))["note"] == "é"
+
+
+def test_every_started_phase_is_compared_after_one_that_is_missing():
+    saved = [ph("a", 0), ph("b", 2), ph("c", 4, lanes=8)]
+    assert phase_refusal(saved, [ph("a", 0), ph("c", 4)], 6) == [
+        "phase 'b' (from step 2) had started by the checkpoint's step 6; this run's recipe does "
+        "not start it by then",
+        "phase 'c': lanes: checkpoint has 8, this run has 4",
+    ]
+
+
+def test_global_and_phase_changes_are_named_together():
+    saved = {"seed": 1, "phases": [ph("a", 0)]}
+    current = {"seed": 2, "phases": [ph("a", 0, lanes=8)]}
+    assert refused(lambda: st.check_fingerprint(saved, current, 3)).split("\n")[1:3] == [
+        "  seed: checkpoint has 1, this run has 2",
+        "  phase 'a': lanes: checkpoint has 4, this run has 8",
+    ]
+
+
+def test_a_state_written_at_step_1_is_the_boundary_of_a_phase_starting_there():
+    sched = Schedule((phase("a", 0, 1), phase("b", 1, None, gbs=16)), named=True)
+    state = st.rank_state({"seed": 1}, sched, 1, 0, sched.segment_of(0), {})
+    assert (state["phase"], state["boundary_of"]) == ("a", "b")
+
+
+def test_the_recipe_digest_is_named_only_when_nothing_else_differs():
+    saved = [ph("a", 0)]
+    assert phase_refusal(saved, [ph("a", 0, lanes=2, recipe="s" * 64)], 3) == [
+        "phase 'a': lanes: checkpoint has 4, this run has 2",
+    ]
+
+
+def test_phases_removed_from_a_recipe_compare_as_its_one_phase():
+    named = {"seed": 1, "phases": [ph("a", 0)]}
+    plain = {"seed": 1, "seq_len": 16, "global_batch_size": 8, "lanes": 4, "sources": {"a": 5},
+             "recipe": "r" * 64}  # fmt: skip
+    st.check_fingerprint(named, plain)
+    assert refused(lambda: st.check_fingerprint(named, {**plain, "lanes": 2})).split("\n")[1] == (
+        "  phase 'a': lanes: checkpoint has 4, this run has 2"
     )
