@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import locale
 import os
 import random
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -138,6 +140,20 @@ def moto_endpoint() -> Iterator[str]:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@pytest.fixture
+def ascii_locale() -> Iterator[None]:
+    """LC_CTYPE "C" for the test: open() without an encoding then reads ASCII, so a
+    file read that relies on the machine's locale fails on UTF-8 text."""
+    old = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")
+    try:
+        if sys.flags.utf8_mode or locale.getencoding().lower().replace("-", "") == "utf8":
+            pytest.skip("open() reads UTF-8 whatever the locale here")
+        yield
+    finally:
+        locale.setlocale(locale.LC_CTYPE, old)
 
 
 # -- hypothesis: the property tests' profile (tests/test_properties_*.py) ----------------

@@ -106,7 +106,9 @@ def test_a_recipe_without_phases_keeps_its_original_fingerprint_fields():
         "files": FILES,
     }
     # what a version 2 state of the same run recorded: digests over relative paths
-    legacy = st.make_fingerprint(FakeRecipe(), [reader(30), reader(20)], TOK, PLAIN, legacy=True)
+    legacy = st.make_fingerprint(
+        FakeRecipe(), [reader(30), reader(20)], TOK, plain_schedule(), legacy=True
+    )
     assert legacy["recipe"] == "recipe-digest-with-paths" and "files" not in legacy
     assert legacy["relative_paths"] == {"prose": ["a.jsonl"], "code": ["a.jsonl"]}
 
