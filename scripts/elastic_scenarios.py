@@ -46,18 +46,16 @@ fails.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +63,7 @@ import fault_injection as fi
 from train_harness import (
     data_digests,
     etcd_server,
+    immutable,
     pick_scenarios,
     quote_in_readme,
     read_metrics,
@@ -599,16 +598,6 @@ def sigterm_twice_one_rank(out: Path, ref: dict[int, str], timeout: float) -> di
             "orphans": first["orphans"] + second["orphans"], "checks": checks}  # fmt: skip
 
 
-@contextlib.contextmanager
-def _immutable(folder: Path) -> Iterator[None]:
-    """Nobody, root included, may add to or remove from `folder` (chattr +i)."""
-    subprocess.run(["chattr", "+i", str(folder)], check=True)
-    try:
-        yield
-    finally:
-        subprocess.run(["chattr", "-i", str(folder)], check=True)
-
-
 def checkpoint_folder_readonly(out: Path, ref: dict[int, str], timeout: float) -> dict[str, Any]:
     """The checkpoint folder cannot be written at the first save: one line naming the
     path, exit 2 on both launchers, not retried; writable again, a relaunch finishes."""
@@ -619,7 +608,7 @@ def checkpoint_folder_readonly(out: Path, ref: dict[int, str], timeout: float) -
     if not run.trained_at(3, 1, timeout):
         return {**run.finish(5), "problem": f"no step 1 on 3 processes ({run.formed()})"}
     ckpt.mkdir(exist_ok=True)
-    with _immutable(ckpt):
+    with immutable(ckpt):
         first = run.finish(timeout)
     outs = [job.output() for job in run.agents]
     named = [_storage_line(o, f"storage: cannot write {ckpt}/step-{INTERVAL}") for o in outs]
@@ -653,7 +642,7 @@ def dump_folder_readonly(out: Path, ref: dict[int, str], timeout: float) -> dict
     job = run.agent(2, elastic=False)
     if not run.wait_step(INTERVAL + 1, timeout):
         return {**run.finish(5), "problem": f"no step {INTERVAL + 1}"}
-    with _immutable(run.dump):
+    with immutable(run.dump):
         result = run.finish(timeout)
     text = job.output()
     checks = {

@@ -34,7 +34,6 @@ soak.json and soak.md (generated from the JSON) under --results.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -44,12 +43,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import fault_injection as fi
-from train_harness import data_digests, etcd_server, read_metrics, render_results
+from train_harness import data_digests, etcd_server, immutable, read_metrics, render_results
 
 from torchtitan.components.checkpoint import CheckpointError, manifest
 
@@ -74,15 +72,6 @@ RDZV_CONF = (
     "join_timeout=300,last_call_timeout=3,close_timeout=10,heartbeat=5,"
     "keep_alive_interval=1,keep_alive_max_attempt=3"
 )
-
-
-@contextlib.contextmanager
-def immutable(folder: Path) -> Iterator[None]:
-    subprocess.run(["chattr", "+i", str(folder)], check=True)
-    try:
-        yield
-    finally:
-        subprocess.run(["chattr", "-i", str(folder)], check=True)
 
 
 class Cluster:

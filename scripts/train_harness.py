@@ -38,6 +38,17 @@ def ensure_sample_data() -> None:
 
 
 @contextlib.contextmanager
+def immutable(folder: Path) -> Iterator[None]:
+    """Nobody, root included, may add to or remove from `folder` while inside
+    (chattr +i): a dump or checkpoint folder that cannot be written."""
+    subprocess.run(["chattr", "+i", str(folder)], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+@contextlib.contextmanager
 def etcd_server(folder: Path, timeout: float = 30) -> Iterator[str]:
     """A real etcd (Debian's etcd-server) on 127.0.0.1 with the v2 API that torchrun's
     etcd-v2 rendezvous speaks, in `folder`; yields its client endpoint host:port."""

@@ -7,13 +7,11 @@ the trouble, and a relaunch that never resumes silently from a step not finite."
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import logging
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
+from train_harness import immutable
 
 from torchtitan.components.checkpoint import CheckpointError, manifest
 from torchtitan.components.divergence import DivergenceGuard
@@ -158,16 +157,6 @@ def test_the_monitor_thread_outlives_errors_of_its_tick(caplog):
 
 
 # -- the dump-folder lock -----------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def immutable(folder: Path) -> Iterator[None]:
-    """A folder nobody, root included, can add to or remove from (chattr +i)."""
-    subprocess.run(["chattr", "+i", str(folder)], check=True)
-    try:
-        yield
-    finally:
-        subprocess.run(["chattr", "-i", str(folder)], check=True)
 
 
 def test_a_lock_that_cannot_be_removed_never_fails_a_finished_run(tmp_path, caplog):
