@@ -82,11 +82,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_pipeline import quote_in_readme
+from bench_pipeline import quote_in_readme, script_module
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-import sample_images  # noqa: E402  (the sample generator, scripts/)
+sample_images = script_module("sample_images")  # the sample generator, scripts/
 
 TOKENIZER = REPO / "assets" / "tokenizer" / "tokenizer.json"
 RESULTS = REPO / "docs" / "results" / "bench_images.json"

@@ -53,6 +53,7 @@ Run from the repository root, e.g.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -61,6 +62,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -111,6 +113,19 @@ def machine_info() -> dict[str, Any]:
         "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM"),
         "RAYON_NUM_THREADS": os.environ.get("RAYON_NUM_THREADS"),
     }
+
+
+def script_module(name: str) -> ModuleType:
+    """A module of scripts/ (the sample generators), loaded from its file: a benchmark
+    run as `python benchmarks/X.py` has benchmarks/ on its path, not scripts/."""
+    if name in sys.modules:  # under pytest, scripts/ is on the path already
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while it runs
+    spec.loader.exec_module(module)
+    return module
 
 
 def quote_in_readme(name: str, text: str) -> None:

@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 # `python benchmarks/bench_throughput.py` puts benchmarks/ first on sys.path.
-from bench_pipeline import batch_tokens, loadavg, machine_info, quote_in_readme
+from bench_pipeline import batch_tokens, loadavg, machine_info, quote_in_readme, script_module
 from bench_scale import make_corpus
 
 from zephon import ZephonLoader, load_recipe, load_tokenizer
@@ -93,10 +93,11 @@ def web_3kb_length(rng: np.random.Generator) -> tuple[int, bool]:
 def make_mix(folder: Path) -> None:
     """The bundled prose as Parquet, and every standard-library source file, whole,
     as gzip JSONL (written once; the files of scripts/build_sample_data.py)."""
-    sys.path.insert(0, str(REPO / "scripts"))
     import sysconfig
 
-    from build_sample_data import Doc, stdlib_files, write_jsonl_gz, write_parquet
+    sample = script_module("build_sample_data")
+    Doc, stdlib_files = sample.Doc, sample.stdlib_files
+    write_jsonl_gz, write_parquet = sample.write_jsonl_gz, sample.write_parquet
 
     if (folder / "done").exists():
         return

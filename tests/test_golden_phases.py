@@ -77,18 +77,8 @@ CASES: dict[str, dict[str, Any]] = {
         "steps": 6,
         "state_step": 3,
     },
-    "lanes_best_fit": {
-        "lanes": 4,
-        "algorithm": "best_fit",
-        "phases": (
-            ("four", 0, "global_batch_size = 12"),
-            ("six", 2, "lanes = 6"),
-            ("back", 4, "lanes = 4"),
-        ),
-        "steps": 6,
-        "state_step": 3,
-    },
 }
+CASES["lanes_best_fit"] = {**CASES["lanes_concat"], "algorithm": "best_fit"}
 
 
 def build_case(root: Path, name: str) -> Path:
