@@ -280,8 +280,7 @@ def raw_images(
     images: list[tuple[str, bytes]], spec: Any, workers: int, digest: bool
 ) -> dict[str, Any]:
     """The workers' per-image calls over `images` in `workers` threads (order kept)."""
-    from zephon.images.documents import image_digest
-    from zephon.images.prepare import plan_image, prepare_image
+    from zephon.images import image_digest, plan_image, prepare_image
 
     def one(item: tuple[str, bytes]) -> int:
         name, data = item
@@ -311,7 +310,7 @@ class _Prepare:
         self.spec, self.tok = spec, None
 
     def __call__(self, sample: dict[str, Any]) -> tuple[int, np.ndarray, list[int]]:
-        from zephon.images.prepare import prepare_image
+        from zephon.images import prepare_image
 
         if self.tok is None:  # one tokenizer per worker process
             from tokenizers import Tokenizer
@@ -498,7 +497,7 @@ def per_image(profile: dict[str, Any], images: int) -> dict[str, float]:
 
 def _sizes(images: list[tuple[str, bytes]], spec: Any) -> list[tuple[int, int]]:
     """Stored (width, height) of each image, from its header."""
-    from zephon.images.prepare import plan_image
+    from zephon.images import plan_image
 
     return [plan_image(data, name, spec).header.stored_size for name, data in images]
 

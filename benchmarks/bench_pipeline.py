@@ -69,10 +69,16 @@ import numpy as np
 import tokenizers
 import torch
 
-from zephon import ZephonLoader, global_batch_digest, load_recipe, load_tokenizer, merge_rank_states
-from zephon.recipe import Recipe
+from zephon import (
+    Recipe,
+    TokenizerInfo,
+    ZephonLoader,
+    global_batch_digest,
+    load_recipe,
+    load_tokenizer,
+    merge_rank_states,
+)
 from zephon.sources import SourceReader, default_cache_dir
-from zephon.tokenize import TokenizerInfo
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -62,12 +62,10 @@ import numpy as np
 from bench_pipeline import batch_tokens, loadavg, machine_info, quote_in_readme, script_module
 from bench_scale import make_corpus
 
-from zephon import ZephonLoader, load_recipe, load_tokenizer
-from zephon.recipe import Recipe
+from zephon import Recipe, TokenizerInfo, ZephonLoader, load_recipe, load_tokenizer
 from zephon.sources import SourceReader
 from zephon.sources.gzipped import clear_chunk_cache
 from zephon.stage_profile import STAGES, per_token
-from zephon.tokenize import TokenizerInfo
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE_NAMES = {"long": "long-docs"}  # as the committed figures had it

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from zephon.files import atomic_write
+from zephon import atomic_write
 
 FORMAT_VERSION = 2  # 2: the image corpus
 NUM_SHARDS = 4

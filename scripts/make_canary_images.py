@@ -4,7 +4,7 @@ The images are committed: the canary hashes how *this machine* decodes these
 exact bytes, so they must never be re-encoded by a newer encoder. This script
 records how they were made (fixed seeds, fixed encoder settings) and is run
 again only to add an image, which changes the canary (bump CANARY_VERSION in
-zephon/images/canary.py). Each image is a few KB and exercises one decoder path:
+zephon/images/pixels/canary.py). Each image is a few KB and exercises one decoder path:
 
   baseline_420.jpg     baseline JPEG, 4:2:0 chroma subsampling
   progressive_420.jpg  progressive JPEG, 4:2:0

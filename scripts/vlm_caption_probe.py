@@ -158,7 +158,7 @@ def heldout_batches(recipe: Path) -> tuple[list[Any], Any]:
 
 def caption_mask(labels: torch.Tensor, tok: Any) -> torch.Tensor:
     """Targets that are caption text: not ignored (image tokens, padding), not BOS/EOS/pad."""
-    from zephon.batch import IGNORE_INDEX
+    from zephon import IGNORE_INDEX
 
     mask = labels != IGNORE_INDEX
     for special in (tok.eos_id, tok.bos_id, tok.pad_id):

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from zephon.packing import Piece, RowBuilder
+from zephon.lanes.packing import Piece, RowBuilder
 
 ROW = 16
 PAD = -7

@@ -1,5 +1,5 @@
-"""Crossing a segment boundary (zephon/boundary.py) and the lane-count change's
-record (zephon/deal.py `deal_source`), on hand-made flush points and cursors."""
+"""Crossing a segment boundary (zephon/state/segment_boundary.py) and the lane-count change's
+record (zephon/state/lane_count_deal.py `deal_source`), on hand-made flush points and cursors."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from zephon.boundary import enter_segment
-from zephon.deal import Deal, build_lane_docs, deal_source
 from zephon.errors import StateError
-from zephon.lane_docs import PlanLaneDocs
-from zephon.phases import Phase, Segment
-from zephon.shuffle import SourcePlan, keyed_permutation
+from zephon.lanes.documents import PlanLaneDocs
+from zephon.lanes.shuffle import SourcePlan, keyed_permutation
+from zephon.recipe.phases import Phase, Segment
+from zephon.state.lane_count_deal import Deal, build_lane_docs, deal_source
+from zephon.state.segment_boundary import enter_segment
 
 NAMES = ("a", "b")
 
@@ -178,7 +178,7 @@ def test_a_lane_count_change_asks_each_sources_plan_and_continues_its_chain():
     ] * 2
 
 
-# -- the deal itself (zephon/deal.py) -------------------------------------------------------
+# -- the deal itself (zephon/state/lane_count_deal.py) -------------------------------------------------------
 
 
 def plan3() -> SourcePlan:

@@ -25,7 +25,7 @@ from conftest import COMMITTED_TOKENIZER, synthetic_docs, write_jsonl
 from zephon_helpers import close, make_ranks, save, step_digests
 
 from zephon import LayoutError, StateError, load_recipe
-from zephon.phases import resolve_schedule
+from zephon.recipe.phases import resolve_phases
 from zephon.sources.content import BLOCK, block_difference, file_fingerprint, source_fingerprints
 from zephon.sources.storage import LocalObject
 
@@ -332,12 +332,12 @@ def test_a_moved_phase_boundary_is_named_as_moved(saved, tmp_path):
 def test_a_phase_lane_count_below_dp_names_the_phase_setting(saved):
     """D above a phase's lane count: the hint names the [[phase]] `lanes` that sets
     it (or keeps it), not [recipe] lanes; the loader's and trainer's check too."""
-    schedule = resolve_schedule(load_recipe(saved["recipe"]), 32, 8)
-    phases = {p.name: p for p in schedule.phases}
+    timeline = resolve_phases(load_recipe(saved["recipe"]), 32, 8)
+    phases = {p.name: p for p in timeline.phases}
     hints = {}
     for name in ("warmup", "anneal", "final"):
         with pytest.raises(LayoutError) as info:
-            schedule.layout_of(phases[name], 16)
+            timeline.layout_of(phases[name], 16)
         hints[name] = str(info.value).split("; ")[-1]
     assert hints == {
         "warmup": "raise [recipe] lanes to a multiple of 16",
@@ -346,7 +346,7 @@ def test_a_phase_lane_count_below_dp_names_the_phase_setting(saved):
         "to a multiple of 16",
     }
     with pytest.raises(LayoutError, match=r"^phase 'anneal' \(from step 6\): data-parallel "):
-        schedule.layouts(16, from_step=STATE_STEP)
+        timeline.layouts(16, from_step=STATE_STEP)
 
 
 IMAGE_RECIPE = """[recipe]
@@ -385,7 +385,7 @@ def test_validate_checks_every_phase_row_against_the_largest_image(tmp_path, cap
     import pyarrow.parquet as pq
     from image_helpers import jpeg
 
-    from zephon.cli import main
+    from zephon.tools.cli import main
 
     pq.write_table(pa.table({"im": [jpeg(8, 8)], "t": ["x"]}), tmp_path / "a.parquet")
     recipe = tmp_path / "img.toml"

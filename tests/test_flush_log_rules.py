@@ -1,5 +1,5 @@
 """Which flush point a checkpoint records per lane, and how a restore reads it back
-(zephon/flush_log.py), on hand-made points."""
+(zephon/state/flush_log.py), on hand-made points."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from zephon.errors import StateError
-from zephon.flush_log import FlushLog, restore_points
+from zephon.state.flush_log import FlushLog, restore_points
 
 
 def fp(row: int) -> dict[str, Any]:

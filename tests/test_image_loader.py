@@ -201,9 +201,12 @@ def test_each_image_header_is_parsed_once(tmp_path, monkeypatch, workers):
     import sys
     from collections import Counter
 
-    from zephon.images import canary, header, prepare
+    from zephon.images import header, prepare
+    from zephon.images.pixels import canary
 
-    decode = sys.modules["zephon.images.decode"]  # the package exports a function of that name
+    decode = sys.modules[
+        "zephon.images.pixels.decode"
+    ]  # the package exports a function of that name
 
     count: Counter[str] = Counter()
     real_open, real_plan, real_prepare = header.open_image, work.plan_image, work.prepare_image
@@ -470,7 +473,7 @@ def test_concat_carries_offsets_of_the_workers_document_across_a_boundary():
     exactly after the tokens already emitted: the carry's offset is in the worker's
     document, which the next segment refits whether it kept it or reads it again."""
     from zephon.images.documents import fit_row
-    from zephon.packing import ConcatPacker
+    from zephon.lanes.packing import ConcatPacker
 
     whole = _document([5, (3,), 3, (20,), 1, (4,), 9, 11])
     drops = _Drops()
@@ -495,7 +498,7 @@ def test_concat_carries_offsets_of_the_workers_document_across_a_boundary():
 
 
 def test_validate_scan_decodes_images_and_preview_shows_them(tmp_path, capsys):
-    from zephon.cli import main
+    from zephon.tools.cli import main
 
     members = []
     for kind in BAD_KINDS:

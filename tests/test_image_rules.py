@@ -1,4 +1,4 @@
-"""Image sizes and patches, exactly (zephon/images/resize.py, patches.py): the
+"""Image sizes and patches, exactly (zephon/images/pixels/resize.py, patches.py): the
 patch layout against the documented order computed pixel by pixel, and the
 size arithmetic's edge cases."""
 
@@ -7,9 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zephon.images.patches import from_patches, patch_positions, placeholder_count, to_patches
-from zephon.images.resize import _ceil_sqrt, _shrink, resize_array, target_size
-from zephon.recipe import ImageSpec
+from zephon.images.pixels.patches import (
+    from_patches,
+    patch_positions,
+    placeholder_count,
+    to_patches,
+)
+from zephon.images.pixels.resize import _ceil_sqrt, _shrink, resize_array, target_size
+from zephon.recipe.spec import ImageSpec
 
 
 def documented_patches(pixels: np.ndarray, p: int, m: int) -> list[list[int]]:

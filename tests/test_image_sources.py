@@ -19,7 +19,7 @@ from PIL import Image
 
 from zephon import DataError, RecipeError, load_recipe
 from zephon.images import prepare_image
-from zephon.recipe import ImageSpec
+from zephon.recipe.spec import ImageSpec
 from zephon.sources import SourceReader, storage, webdataset
 from zephon.sources.multimodal import ImageSegment, MultimodalDoc, TextSegment
 
@@ -416,7 +416,7 @@ def test_webdataset_on_s3_reads_headers_by_ranges(
 
 
 def test_validate_describes_image_sources(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from zephon.cli import main
+    from zephon.tools.cli import main
 
     paths, _ = _shards(tmp_path)
     pq.write_table(pa.table({"im": [jpeg(8, 8)], "t": ["x"]}), tmp_path / "a.parquet")

@@ -27,9 +27,9 @@ from zephon.images import (
     target_size,
     to_patches,
 )
-from zephon.images.canary import CANARY_DIR, CANARY_FILES
-from zephon.images.resize import resize_array
-from zephon.recipe import ImageSpec, identity_of, parse_recipe
+from zephon.images.pixels.canary import CANARY_DIR, CANARY_FILES
+from zephon.images.pixels.resize import resize_array
+from zephon.recipe.spec import ImageSpec, identity_of, parse_recipe
 
 SPEC = ImageSpec()
 REPO = Path(__file__).resolve().parents[1]
@@ -205,7 +205,7 @@ def test_decode_peak_is_known_from_the_header() -> None:
 PEAK = """
 import sys
 from zephon.images import plan_image, prepare_image
-from zephon.recipe import ImageSpec
+from zephon.recipe.spec import ImageSpec
 
 def kib(field):
     for line in open("/proc/self/status"):
@@ -323,7 +323,7 @@ def test_canary_is_stable_and_follows_settings_and_decoders(
     ):
         assert decode_canary(changed)["digest"] != here["digest"], changed
     # another resampler (as another Pillow build might be): same grids, other patches
-    from zephon.images import resize
+    from zephon.images.pixels import resize
 
     with monkeypatch.context() as m:
         m.setattr(resize, "RESAMPLE", Image.Resampling.BILINEAR)

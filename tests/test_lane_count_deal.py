@@ -27,9 +27,9 @@ from conftest import COMMITTED_TOKENIZER, synthetic_docs, write_jsonl
 from zephon_helpers import close, make_ranks, save, step_digests
 
 from zephon import ZephonLoader
-from zephon.boundary import enter_segment
-from zephon.lane_docs import PlanLaneDocs
-from zephon.shuffle import keyed_permutation
+from zephon.lanes.documents import PlanLaneDocs
+from zephon.lanes.shuffle import keyed_permutation
+from zephon.state.segment_boundary import enter_segment
 
 CHANGES = [(4, 6), (6, 4)]  # up and down, neither count a multiple of the other
 ALGORITHMS = ["concat", "best_fit"]
@@ -115,7 +115,7 @@ def test_new_lane_j_gets_the_tails_of_old_lanes_j_mod_new_and_dealt_pieces(
     state = _boundary_state(recipe, 2)
     points = {int(lane): e["flush"] for lane, e in state["lanes"].items()}
     loader = ZephonLoader(recipe, str(COMMITTED_TOKENIZER), 32, 16)
-    ctx, (before, after) = loader.ctx, loader.schedule.segments
+    ctx, (before, after) = loader.ctx, loader.timeline.segments
     assert sorted(points) == list(range(old)) and after.lanes == new
     starts, deals = enter_segment(ctx, points, before, after)
     assert sorted(starts) == list(range(new))

@@ -48,3 +48,34 @@ def test_the_data_glue_names_no_loader_kind():
             code = ast.get_source_segment(source, node) or ""
             for word in ("zephon", "Zephon", '"hf"', "HFBaseline", "isinstance", ".kind"):
                 assert word not in code, f"TrainDataLoader.{node.name} mentions {word!r}"
+
+
+ZEPHON_PUBLIC = {"zephon", "zephon.images", "zephon.sources"}
+
+
+def zephon_internal_imports(root: Path) -> dict[str, list[str]]:
+    """Each file under `root` that imports a zephon module other than its public facades."""
+    bad = {}
+    for f in sorted(root.rglob("*.py")):
+        internal = sorted(
+            m for m in _imports(f) if m.split(".")[0] == "zephon" and m not in ZEPHON_PUBLIC
+        )
+        if internal:
+            bad[str(f.relative_to(root.parent))] = internal
+    return bad
+
+
+def test_the_trainer_imports_only_zephons_public_face():
+    """zephon's stage modules may move freely: the trainer sees `zephon`, `zephon.images`
+    and `zephon.sources` only (docs/architecture.md)."""
+    assert not zephon_internal_imports(PACKAGE), zephon_internal_imports(PACKAGE)
+
+
+def test_the_rule_sees_an_internal_import(tmp_path):
+    (tmp_path / "torchtitan").mkdir()
+    (tmp_path / "torchtitan" / "glue.py").write_text(
+        "from zephon import ZephonLoader\nfrom zephon.state.checkpoint_state import boundary_of\n"
+    )
+    assert zephon_internal_imports(tmp_path / "torchtitan") == {
+        "torchtitan/glue.py": ["zephon.state.checkpoint_state"]
+    }

@@ -1,4 +1,4 @@
-"""The layout in its own words, exactly (zephon/layout.py).
+"""The layout in its own words, exactly (zephon/recipe/layout.py).
 
 `describe()` goes to the startup log, the padding note and the alternatives
 into warnings and LayoutError messages: each number in them is checked where
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from zephon import LayoutError, plan_layout
-from zephon.layout import lanes_of_rank
+from zephon.recipe.layout import lanes_of_rank
 
 
 def test_describe_names_every_number_of_the_layout():

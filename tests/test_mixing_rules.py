@@ -1,4 +1,4 @@
-"""The mixer's exact picks and counts on small cases (zephon/mixing.py's rules).
+"""The mixer's exact picks and counts on small cases (zephon/lanes/mixing.py's rules).
 
 Largest deficit first, the lowest index on ties; documents count one each and
 tokens their length; a paused source (weight 0) is never picked and the others
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from zephon.mixing import Mixer
+from zephon.lanes.mixing import Mixer
 
 
 def picks(mixer: Mixer, n: int, active: list[bool], length: int = 1) -> list[int]:

@@ -1,4 +1,4 @@
-"""The packers' exact rows and counts on small hand-made documents (zephon/packing.py).
+"""The packers' exact rows and counts on small hand-made documents (zephon/lanes/packing.py).
 
 Token ids name their document and offset (document d's token j is d * 100 + j).
 The lane here records every row, piece by piece, and every flush point.
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from zephon.images.documents import DocImage, ImageDoc, ImageDocIds, fit_row
-from zephon.packing import BestFitPacker, ConcatPacker, RowBuilder, held_rows
+from zephon.lanes.packing import BestFitPacker, ConcatPacker, RowBuilder, held_rows
 
 PAD = -1
 

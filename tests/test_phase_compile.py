@@ -19,7 +19,7 @@ from torch._dynamo.utils import counters
 from train_helpers import PHASE_NAMES, PHASE_STEPS, ensure_sample_data, phase_recipe
 
 from torchtitan.config.job_config import load_job_config
-from torchtitan.datasets.schedule import DataSchedule
+from torchtitan.datasets.phase_timeline import DataTimeline
 from torchtitan.models.llama3.args import get_model_args
 from torchtitan.models.llama3.model import Transformer
 from zephon import ZephonLoader, load_tokenizer, merge_rank_states
@@ -34,7 +34,7 @@ def test_compiled_blocks_recompile_at_most_once_per_phase(tmp_path, tokenizer_pa
     recipe = phase_recipe(tmp_path)
     cfg = load_job_config(["--data.recipe", str(recipe), "--training.local_batch_tokens",
                            str(TOKENS)])  # fmt: skip
-    plan = DataSchedule.from_config(cfg)
+    plan = DataTimeline.from_config(cfg)
     tok = load_tokenizer(tokenizer_path)
     ranks = [
         ZephonLoader(recipe, tok, 32, 8, None, r, DP, micro_batch_tokens=TOKENS) for r in range(DP)

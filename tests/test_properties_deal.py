@@ -1,4 +1,4 @@
-"""Properties of a lane-count change (DESIGN §12, docs/design.md §12, zephon/deal.py).
+"""Properties of a lane-count change (DESIGN §12, docs/design.md §12, zephon/state/lane_count_deal.py).
 
 For any old and new lane counts, any source and any cursors of the old lanes:
 what the old lanes drew plus what the new lanes draw is every document exactly
@@ -6,7 +6,7 @@ once per epoch, and the documents the old lanes had not drawn are dealt as the
 rule says: per epoch, the pool of the old lanes' remaining block pieces (old
 lane order, the block holding the cursor cut at it), keyed-permuted, piece i to
 new lane i mod L'. The expected pieces are read from the old lanes' shuffle plan
-(zephon/shuffle.py, whose own properties are tests/test_properties_shuffle.py).
+(zephon/lanes/shuffle.py, whose own properties are tests/test_properties_shuffle.py).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from zephon.deal import Cursor, build_lane_docs, deal_source
-from zephon.lane_docs import LaneDocs, PlanLaneDocs
-from zephon.shuffle import SourcePlan, keyed_permutation
+from zephon.lanes.documents import LaneDocs, PlanLaneDocs
+from zephon.lanes.shuffle import SourcePlan, keyed_permutation
+from zephon.state.lane_count_deal import Cursor, build_lane_docs, deal_source
 
 NAME = "src"
 
@@ -251,7 +251,7 @@ def test_a_change_out_of_lanes_dealt_to_more_lanes_than_documents_loses_none():
     """1 -> 3 -> 1 lanes over 2 documents. The first change deals the one document
     lane 0 had not drawn of epoch 0 to one of the 3 new lanes; nothing is drawn; the
     second change is exempted as a per-lane walk (the 3-lane plan of 2 documents is
-    one, as zephon/boundary.py asks it), though lane 0 still stands in the dealt
+    one, as zephon/state/segment_boundary.py asks it), though lane 0 still stands in the dealt
     epoch 0 (lanes 1 and 2, dealt nothing there, stand at epoch 1): the new lane
     starts at epoch 1, and that document is never drawn in epoch 0. Old lanes on
     both sides of the chain's last dealt epoch under a per-lane-walk plan are still

@@ -1,4 +1,4 @@
-"""Properties of the phase schedule (DESIGN §12, docs/design.md §12, zephon/phases.py).
+"""Properties of the phase schedule (DESIGN §12, docs/design.md §12, zephon/recipe/phases.py).
 
 For any list of `[[phase]]` tables: each phase's settings are the last ones set by
 it or before it; the phase of a batch is the last one started by it; segments are
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from torchtitan.datasets.schedule import DataSchedule
+from torchtitan.datasets.phase_timeline import DataTimeline
 from zephon import LayoutError
-from zephon.phases import NEVER, Phase, Schedule, SegmentSteps, resolve_schedule
-from zephon.recipe import PhaseSpec, Recipe, SourceSpec
+from zephon.recipe.phases import NEVER, Phase, PhaseTimeline, SegmentSteps, resolve_phases
+from zephon.recipe.spec import PhaseSpec, Recipe, SourceSpec
 
 NAMES = ("prose", "code", "math")
 LANES = (1, 2, 3, 4, 6, 12)  # every global batch below is a multiple of 12: whole rows per lane
@@ -61,10 +61,10 @@ def specs(draw: st.DrawFn, first_start: int = 0, count: tuple[int, int] = (1, 5)
 
 
 @st.composite
-def schedules(draw: st.DrawFn) -> tuple[Recipe, Schedule, int, int]:
+def schedules(draw: st.DrawFn) -> tuple[Recipe, PhaseTimeline, int, int]:
     recipe = recipe_of(draw(st.sampled_from(LANES)), draw(st.just(()) | specs()))
     seq, gbs = draw(st.integers(1, 9)), draw(st.sampled_from([12, 24, 48]))
-    return recipe, resolve_schedule(recipe, seq, gbs), seq, gbs
+    return recipe, resolve_phases(recipe, seq, gbs), seq, gbs
 
 
 def last_set(specs: tuple[PhaseSpec, ...], i: int, key: str, default: object) -> object:
@@ -73,10 +73,10 @@ def last_set(specs: tuple[PhaseSpec, ...], i: int, key: str, default: object) ->
 
 @given(schedules())
 def test_each_phase_keeps_every_setting_it_does_not_set(case):
-    recipe, schedule, seq, gbs = case
+    recipe, timeline, seq, gbs = case
     base = tuple(s.weight for s in recipe.sources)
     specs = recipe.phases or (PhaseSpec(None, 0),)  # type: ignore[arg-type]
-    assert schedule.named == bool(recipe.phases)
+    assert timeline.named == bool(recipe.phases)
     want = []
     for i, spec in enumerate(specs):
         given_w = last_set(specs, i, "weights", None)
@@ -88,30 +88,30 @@ def test_each_phase_keeps_every_setting_it_does_not_set(case):
         lanes_from = setters[-1] if setters else None
         g, s = last_set(specs, i, "global_batch_size", gbs), last_set(specs, i, "seq_len", seq)
         want.append(Phase(spec.name, spec.start_step, end, g, s, lanes, w, NAMES, lanes_from))
-    assert schedule.phases == tuple(want)
+    assert timeline.phases == tuple(want)
 
 
 @given(schedules())
 def test_the_phase_of_a_step_is_the_last_one_started_by_it(case):
-    _, schedule, _, _ = case
-    phases = schedule.phases
+    _, timeline, _, _ = case
+    phases = timeline.phases
     for index in range(phases[-1].start_step + 4):
         want = [p for p in phases if p.start_step <= index][-1]
-        assert schedule.phase_of(index) == want
-        assert schedule.phase_at(index + 1) == want  # the trainer's step, counted from 1
-        assert schedule.segment_of(index).phase_of(index) == want
-        assert schedule.started(index) == tuple(p for p in phases if p.start_step < index)
-        assert schedule.unfinished(index) == tuple(
+        assert timeline.phase_of(index) == want
+        assert timeline.phase_at(index + 1) == want  # the trainer's step, counted from 1
+        assert timeline.segment_of(index).phase_of(index) == want
+        assert timeline.started(index) == tuple(p for p in phases if p.start_step < index)
+        assert timeline.unfinished(index) == tuple(
             p for p in phases if p.end_step is None or p.end_step > index
         )
-    assert schedule.phase_at(0) == phases[0]
+    assert timeline.phase_at(0) == phases[0]
 
 
 @given(schedules())
 def test_segments_are_the_runs_of_phases_that_change_only_the_batch_size(case):
-    _, schedule, _, _ = case
-    segs = schedule.segments
-    assert [p for seg in segs for p in seg.phases] == list(schedule.phases)
+    _, timeline, _, _ = case
+    segs = timeline.segments
+    assert [p for seg in segs for p in seg.phases] == list(timeline.phases)
     assert [seg.index for seg in segs] == list(range(len(segs)))
     for seg in segs:
         assert len({(p.lanes, p.seq_len, p.weights) for p in seg.phases}) == 1
@@ -126,22 +126,22 @@ def test_segments_are_the_runs_of_phases_that_change_only_the_batch_size(case):
         assert a.end_step == b.start_step
 
 
-def lane_batches(schedule: Schedule, seg_index: int, beyond: int) -> list[tuple[int, int]]:
+def lane_batches(timeline: PhaseTimeline, seg_index: int, beyond: int) -> list[tuple[int, int]]:
     """(batch index, rows each lane gives to it) for the segment's batches, counted
     one by one; `beyond` batches past the start of an endless last segment."""
-    seg = schedule.segments[seg_index]
+    seg = timeline.segments[seg_index]
     end = seg.end_step if seg.end_step is not None else seg.phases[-1].start_step + beyond
     return [
-        (b, schedule.phase_of(b).global_batch_size // schedule.phase_of(b).lanes)
+        (b, timeline.phase_of(b).global_batch_size // timeline.phase_of(b).lanes)
         for b in range(seg.start_step, end)
     ]
 
 
 @given(schedules(), st.integers(0, 4))
 def test_rows_before_a_batch_and_the_boundary_row_add_up_batch_by_batch(case, beyond):
-    _, schedule, _, _ = case
-    for seg in schedule.segments:
-        batches = lane_batches(schedule, seg.index, beyond)
+    _, timeline, _, _ = case
+    for seg in timeline.segments:
+        batches = lane_batches(timeline, seg.index, beyond)
         for k, (b, _) in enumerate(batches):
             assert seg.rows_before(b) == sum(rows for _, rows in batches[:k])
         total = sum(rows for _, rows in batches)
@@ -152,11 +152,11 @@ def test_rows_before_a_batch_and_the_boundary_row_add_up_batch_by_batch(case, be
 
 @given(schedules(), st.integers(0, 3), st.data())
 def test_the_step_of_a_lane_token_is_the_batch_whose_rows_hold_it(case, held, data):
-    _, schedule, _, _ = case
-    seg = data.draw(st.sampled_from(schedule.segments))
+    _, timeline, _, _ = case
+    seg = data.draw(st.sampled_from(timeline.segments))
     steps = SegmentSteps(seg, held_rows=held)
     owner = []  # the batch of every token of the lane's stream, in order
-    for b, rows in lane_batches(schedule, seg.index, 3):
+    for b, rows in lane_batches(timeline, seg.index, 3):
         owner += [b] * (rows * seg.row_len)
         assert steps.lane_tokens(b) == rows * seg.row_len
     assert steps.lane_tokens(seg.start_step - 1) == steps.lane_tokens(seg.start_step)
@@ -181,44 +181,44 @@ def summary(p: Phase) -> tuple:
 def test_editing_a_later_phase_changes_nothing_before_it(case, data):
     """Prefix stability: phases k.. replaced (settings, start steps, how many, or
     none) leave every batch before both versions' phase k as it was."""
-    recipe, schedule, seq, gbs = case
+    recipe, timeline, seq, gbs = case
     phases = recipe.phases
     if len(phases) < 2:
         return
     k = data.draw(st.integers(1, len(phases) - 1))
     tail = data.draw(st.just(()) | specs(phases[k - 1].start_step + 1, (1, 3)))
     edited = replace(recipe, phases=phases[:k] + tail)
-    other = resolve_schedule(edited, seq, gbs)
+    other = resolve_phases(edited, seq, gbs)
     cut = min(phases[k].start_step, tail[0].start_step if tail else NEVER)
     for index in range(cut):
-        a, b = schedule.phase_of(index), other.phase_of(index)
+        a, b = timeline.phase_of(index), other.phase_of(index)
         assert summary(a) == summary(b)
         assert a.identity(recipe) == b.identity(edited)
-        sa, sb = schedule.segment_of(index), other.segment_of(index)
+        sa, sb = timeline.segment_of(index), other.segment_of(index)
         assert (sa.index, sa.start_step) == (sb.index, sb.start_step)
         assert sa.rows_before(index + 1) == sb.rows_before(index + 1)
-        started = (schedule.started(index + 1), other.started(index + 1))
+        started = (timeline.started(index + 1), other.started(index + 1))
         assert [summary(p) for p in started[0]] == [summary(p) for p in started[1]]
 
 
 @given(schedules())
 def test_boundary_checkpoints_are_the_steps_after_which_a_phase_starts(case):
-    recipe, schedule, _, _ = case
-    data = DataSchedule(schedule, 1, None, recipe.path)
-    last = schedule.phases[-1].start_step
+    recipe, timeline, _, _ = case
+    data = DataTimeline(timeline, 1, None, recipe.path)
+    last = timeline.phases[-1].start_step
     want = [s for s in range(1, last + 3) if data.phase_at(s + 1).start_step == s]
     assert list(data.boundaries()) == want
 
 
 @given(schedules())
 def test_a_phase_whose_layout_fails_is_named_with_its_start(case):
-    _, schedule, _, _ = case
-    for p in schedule.phases:
+    _, timeline, _, _ = case
+    for p in timeline.phases:
         if p.name is None:
             with pytest.raises(LayoutError, match="^data-parallel size"):
-                schedule.layout_of(p, p.lanes + 1)
+                timeline.layout_of(p, p.lanes + 1)
         else:
             with pytest.raises(
                 LayoutError, match=f"^phase '{p.name}' \\(from step {p.start_step}\\)"
             ):
-                schedule.layout_of(p, p.lanes + 1)
+                timeline.layout_of(p, p.lanes + 1)

@@ -1,4 +1,4 @@
-"""Properties of the size an image is resized to (zephon/images/resize.py, its rules 1-3).
+"""Properties of the size an image is resized to (zephon/images/pixels/resize.py, its rules 1-3).
 
 The expected size is worked out here from the rules as the module's docstring
 states them, in exact integer and rational arithmetic of its own (searches, not
@@ -14,8 +14,8 @@ from math import floor
 from hypothesis import given
 from hypothesis import strategies as st
 
-from zephon.images.resize import target_size
-from zephon.recipe import ImageSpec
+from zephon.images.pixels.resize import target_size
+from zephon.recipe.spec import ImageSpec
 
 
 @st.composite

@@ -1,4 +1,4 @@
-"""Properties of the keyed shuffle and the source plan (docs/design.md §4, zephon/shuffle.py).
+"""Properties of the keyed shuffle and the source plan (docs/design.md §4, zephon/lanes/shuffle.py).
 
 The expected orders come from the rule written out again here in plain Python
 integers (SHA-256 of the key, splitmix64 of index ^ key, indices sorted by hash):
@@ -14,7 +14,7 @@ from collections import Counter
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from zephon.shuffle import SourcePlan, keyed_permutation
+from zephon.lanes.shuffle import SourcePlan, keyed_permutation
 
 MASK = (1 << 64) - 1
 

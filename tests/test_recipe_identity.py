@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from zephon.recipe import (
+from zephon.recipe.spec import (
     ALWAYS,
     NEVER,
     ImageSpec,

@@ -26,8 +26,8 @@ from torchtitan.config.job_config import ConfigError, load_job_config
 from torchtitan.datasets.dataloader import check_validation_ends
 from torchtitan.runtime.dump_lock import LOCK_FILE, DumpFolderLocked, DumpLock
 from zephon import load_recipe
-from zephon.cli import main as zephon_main
 from zephon.errors import DataError
+from zephon.tools.cli import main as zephon_main
 
 REPO = Path(__file__).resolve().parents[1]
 # dcp.save without a process group says it assumes one process: that is the intent here.

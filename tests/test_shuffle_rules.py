@@ -1,4 +1,4 @@
-"""The shuffle's exact orders and the lanes' blocks (zephon/shuffle.py).
+"""The shuffle's exact orders and the lanes' blocks (zephon/lanes/shuffle.py).
 
 The hash is splitmix64 (checked against the reference generator's first
 output), keyed by SHA-256 of the key's repr; the orders below were written
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from zephon.errors import LayoutError
-from zephon.shuffle import SourcePlan, _key, _splitmix64, keyed_permutation
+from zephon.lanes.shuffle import SourcePlan, _key, _splitmix64, keyed_permutation
 
 
 def test_splitmix64_is_the_reference_generator():

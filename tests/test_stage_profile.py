@@ -17,10 +17,12 @@ import pytest
 from train_helpers import ensure_sample_data
 from zephon_helpers import step_digests
 
-from zephon import ZephonLoader, production, scheduler, stage_profile
-from zephon import planner as planner_module
+from zephon import ZephonLoader, stage_profile
+from zephon import batch_production as production
+from zephon.demand import executor as scheduler
+from zephon.demand import planner as planner_module
 from zephon.images import work
-from zephon.packing import RowBuilder
+from zephon.lanes.packing import RowBuilder
 from zephon.sources import jsonl
 from zephon.sources.storage import LocalObject
 

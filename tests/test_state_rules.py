@@ -1,5 +1,5 @@
 """The loader state document and its checks, field by field and word for word
-(zephon/state.py), on hand-made fingerprints, schedules and states."""
+(zephon/state/checkpoint_state.py), on hand-made fingerprints, schedules and states."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from zephon import state as st
 from zephon.errors import StateError
-from zephon.images import canary
-from zephon.phases import Phase, Schedule
+from zephon.images.pixels import canary
+from zephon.recipe.phases import Phase, PhaseTimeline
+from zephon.state import checkpoint_state as st
 
 NAMES = ("prose", "code")
 
@@ -23,9 +23,9 @@ def phase(name: str | None, start: int, end: int | None, **kw: Any) -> Phase:
     return Phase(name, start, end, kw["gbs"], kw["seq"], kw["lanes"], kw["weights"], NAMES)
 
 
-def named_schedule() -> Schedule:
+def named_schedule() -> PhaseTimeline:
     """Built in each test, not at import: the code under test runs inside the test."""
-    return Schedule(
+    return PhaseTimeline(
         (
             phase("warm", 0, 3),
             phase("ramp", 3, 5, gbs=16),
@@ -35,8 +35,8 @@ def named_schedule() -> Schedule:
     )
 
 
-def plain_schedule() -> Schedule:
-    return Schedule((phase(None, 0, None),), named=False)
+def plain_schedule() -> PhaseTimeline:
+    return PhaseTimeline((phase(None, 0, None),), named=False)
 
 
 def refused(call: Any) -> str:
@@ -469,7 +469,7 @@ def test_global_and_phase_changes_are_named_together():
 
 
 def test_a_state_written_at_step_1_is_the_boundary_of_a_phase_starting_there():
-    sched = Schedule((phase("a", 0, 1), phase("b", 1, None, gbs=16)), named=True)
+    sched = PhaseTimeline((phase("a", 0, 1), phase("b", 1, None, gbs=16)), named=True)
     state = st.rank_state({"seed": 1}, sched, 1, 0, sched.segment_of(0), {})
     assert (state["phase"], state["boundary_of"]) == ("a", "b")
 

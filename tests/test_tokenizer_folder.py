@@ -12,7 +12,7 @@ from conftest import synthetic_docs
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from zephon import StateError, ZephonError, ZephonLoader, load_recipe, load_tokenizer
-from zephon.tokenize import encode_texts
+from zephon.tokenize.tokenizer import encode_texts
 
 SPECIALS = ["<|bos|>", "<|eos|>", "<|padding|>"]
 

@@ -17,7 +17,7 @@ from train_helpers import (
 
 from torchtitan.config.job_config import load_job_config
 from torchtitan.datasets.dataloader import check_data_startup, check_phases, check_startup
-from torchtitan.datasets.schedule import DataSchedule
+from torchtitan.datasets.phase_timeline import DataTimeline
 from zephon import LayoutError, RecipeError
 
 
@@ -89,7 +89,7 @@ def _phase_plan(tmp_path, *overrides: str):
     recipe = phase_recipe(tmp_path)
     cfg = load_job_config(["--data.recipe", str(recipe), "--training.seq_len", "32",
                            "--training.global_batch_size", "8", *overrides])  # fmt: skip
-    return cfg, DataSchedule.from_config(cfg)
+    return cfg, DataTimeline.from_config(cfg)
 
 
 def test_every_phase_still_to_come_is_checked_at_the_start_or_resume_step(tmp_path):
@@ -137,10 +137,10 @@ def test_recipe_and_job_agree_on_the_first_phase_shape(tmp_path):
     and where the job's came from."""
     ensure_sample_data()
     recipe = str(phase_recipe(tmp_path))
-    plan = DataSchedule.from_config(load_job_config(["--data.recipe", recipe]))
+    plan = DataTimeline.from_config(load_job_config(["--data.recipe", recipe]))
     assert (plan.phases[0].seq_len, plan.phases[0].global_batch_size) == (32, 8)
     with pytest.raises(RecipeError) as exc:
-        DataSchedule.from_config(_cfg("--data.recipe", recipe, "--training.global_batch_size", "8"))
+        DataTimeline.from_config(_cfg("--data.recipe", recipe, "--training.global_batch_size", "8"))
     assert "phase 'ramp' sets seq_len = 32 but the job sets seq_len = 256" in str(exc.value)
     assert "training.seq_len from config file 'train_configs/llama3_debugmodel.toml'" in str(
         exc.value
@@ -155,7 +155,7 @@ def test_hf_baseline_refuses_a_phase_shape_it_would_not_follow(tmp_path):
     cfg = load_job_config(["--data.recipe", str(phase_recipe(tmp_path, one)),
                            "--data.loader", "hf"])  # fmt: skip
     with pytest.raises(LayoutError) as exc:
-        check_data_startup(cfg, 2, 2048, DataSchedule.from_config(cfg))
+        check_data_startup(cfg, 2, 2048, DataTimeline.from_config(cfg))
     assert "phase 'only' sets seq_len 32 and global batch size 32" in str(exc.value)
     assert "the job's training.seq_len 256" in str(exc.value)
 

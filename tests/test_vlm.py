@@ -20,7 +20,7 @@ from torchtitan.models.spec import count_parameters
 from torchtitan.models.vlm.args import VLM_FLAVORS, get_model_args
 from torchtitan.models.vlm.model import VisionLanguageModel
 from torchtitan.models.vlm.vision import rope_2d
-from zephon.images.patches import patch_positions, to_patches
+from zephon.images.pixels.patches import patch_positions, to_patches
 
 
 def _tokens(rows: int = 2, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,7 +35,7 @@ from zephon import (
     merge_rank_states,
     plan_layout,
 )
-from zephon.state import load_file
+from zephon.state.checkpoint_state import load_file
 
 HEADER = """\
 [recipe]
@@ -678,7 +678,7 @@ def test_cli_prints_one_error_line_without_traceback(folder: Path) -> None:
 
 def cli_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     """Run the CLI in this process; return its single stderr line."""
-    from zephon.cli import main
+    from zephon.tools.cli import main
 
     try:
         code = main(argv)

@@ -15,7 +15,7 @@ import pytest
 from zephon_helpers import close, make_ranks, step_digests
 
 from zephon import ZephonLoader, load_tokenizer, merge_rank_states
-from zephon.cli import main
+from zephon.tools.cli import main
 
 SEQ_LEN, GLOBAL_BATCH, STEPS = 32, 16, 4
 

@@ -14,7 +14,7 @@ from zephon_helpers import GLOBAL_BATCH, SEQ_LEN, close, make_ranks, save, step_
 
 from zephon import ZephonLoader, load_recipe
 from zephon.sources import SourceReader
-from zephon.tokenize import encode_texts, load_tokenizer
+from zephon.tokenize.tokenizer import encode_texts, load_tokenizer
 
 ROW = SEQ_LEN + 1
 

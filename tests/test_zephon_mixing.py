@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from zephon.mixing import Mixer
+from zephon.lanes.mixing import Mixer
 
 WEIGHTS = [0.5, 0.3, 0.2]
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from packing_helpers import DOCS, PAD, ROW, ListLane, documents
 
-from zephon.packing import BestFitPacker, ConcatPacker
+from zephon.lanes.packing import BestFitPacker, ConcatPacker
 
 
 def drain(packer: ConcatPacker | BestFitPacker, lane: ListLane) -> ListLane:

@@ -17,13 +17,13 @@ from packing_helpers import SOURCES as KINDS
 from zephon_helpers import close, make_ranks, save, step_digests
 
 from zephon import LayoutError, RecipeError, StateError, ZephonLoader, load_recipe, load_tokenizer
-from zephon.cli import main
-from zephon.deal import build_lane_docs, deal_source
-from zephon.lane_docs import PlanLaneDocs
-from zephon.packing import BestFitPacker, ConcatPacker, RowBuilder
-from zephon.phases import resolve_schedule
-from zephon.shuffle import SourcePlan
-from zephon.state import boundary_of, started_phases
+from zephon.lanes.documents import PlanLaneDocs
+from zephon.lanes.packing import BestFitPacker, ConcatPacker, RowBuilder
+from zephon.lanes.shuffle import SourcePlan
+from zephon.recipe.phases import resolve_phases
+from zephon.state.checkpoint_state import boundary_of, started_phases
+from zephon.state.lane_count_deal import build_lane_docs, deal_source
+from zephon.tools.cli import main
 
 SOURCES = [("prose", 300, 0.7), ("code", 200, 0.3), ("math", 150, 1.0)]
 # Four phases: a ramp 12 -> 24 -> 48 rows, seq_len 128 -> 256, a new source with
@@ -630,29 +630,29 @@ def test_bad_phase_tables_name_the_phase_and_key(make_recipe, case):
 def test_one_source_of_truth_for_the_first_phase_shape(make_recipe, tokenizer_path):
     recipe = load_recipe(four_phases(make_recipe))
     # Not set by the job on purpose: the recipe's first phase decides.
-    schedule = resolve_schedule(recipe, 64, 8)
-    assert [(p.seq_len, p.global_batch_size, p.lanes) for p in schedule.phases] == [
+    timeline = resolve_phases(recipe, 64, 8)
+    assert [(p.seq_len, p.global_batch_size, p.lanes) for p in timeline.phases] == [
         (128, 12, 12),
         (128, 24, 12),
         (256, 48, 12),
         (256, 48, 24),
     ]
-    assert [len(s.phases) for s in schedule.segments] == [2, 1, 1]  # the ramp is no flush
-    assert schedule.phase_at(2).name == "warmup" and schedule.phase_at(3).name == "ramp"
+    assert [len(s.phases) for s in timeline.segments] == [2, 1, 1]  # the ramp is no flush
+    assert timeline.phase_at(2).name == "warmup" and timeline.phase_at(3).name == "ramp"
     with pytest.raises(
         RecipeError, match="phase 'warmup' sets seq_len = 128 but the job sets seq_len = 64"
     ):
-        resolve_schedule(recipe, 64, 12, explicit=("seq_len",))
-    assert resolve_schedule(recipe, 128, 12, explicit=("seq_len", "global_batch_size"))
+        resolve_phases(recipe, 64, 12, explicit=("seq_len",))
+    assert resolve_phases(recipe, 128, 12, explicit=("seq_len", "global_batch_size"))
     # Every phase is checked for a data-parallel size and micro-batches in tokens.
     with pytest.raises(LayoutError, match="phase 'long' \\(from step 4\\): micro_batch_tokens 384"):
-        schedule.layouts(4, micro_batch_tokens=384)  # 3 rows of 128, but of 256?
+        timeline.layouts(4, micro_batch_tokens=384)  # 3 rows of 128, but of 256?
     # 3 rows per rank in micro-batches of 2 rows: one padding row per rank (§2),
     # reported, and refused above an allowed idle share, naming the phase.
-    assert schedule.layouts(4, micro_batch_tokens=256)["warmup"].padded_rows(0) == 1
+    assert timeline.layouts(4, micro_batch_tokens=256)["warmup"].padded_rows(0) == 1
     with pytest.raises(LayoutError, match="phase .warmup. \\(from step 0\\): padded layout"):
-        schedule.layouts(4, micro_batch_tokens=256, max_idle_share=0.2)
-    assert set(schedule.layouts(4, micro_batch_tokens=256, from_step=2)) == {
+        timeline.layouts(4, micro_batch_tokens=256, max_idle_share=0.2)
+    assert set(timeline.layouts(4, micro_batch_tokens=256, from_step=2)) == {
         "ramp",
         "long",
         "anneal",

@@ -13,8 +13,8 @@ from conftest import REPO, synthetic_docs
 from tokenizers import Tokenizer, normalizers
 from train_harness import ensure_sample_data
 
-from zephon.pieces import cut_points, encode_documents, piecewise_safe
-from zephon.tokenize import encode_texts, load_tokenizer
+from zephon.tokenize.long_pieces import cut_points, encode_documents, piecewise_safe
+from zephon.tokenize.tokenizer import encode_texts, load_tokenizer
 
 
 def _sample_texts() -> list[str]:

@@ -12,13 +12,13 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from zephon.feeds import Feed, FeedStart, Slot
+from zephon.demand.feeds import Feed, FeedStart, Slot
+from zephon.demand.planner import NeedPlanner, StepMap, UniformSteps
 from zephon.images.budget import ImageBytes
-from zephon.lane_docs import BlockPart, LaneDocs, PlanLaneDocs
-from zephon.packing import held_rows
-from zephon.phases import NEVER, Phase, Segment, SegmentSteps
-from zephon.planner import NeedPlanner, StepMap, UniformSteps
-from zephon.shuffle import SourcePlan
+from zephon.lanes.documents import BlockPart, LaneDocs, PlanLaneDocs
+from zephon.lanes.packing import held_rows
+from zephon.lanes.shuffle import SourcePlan
+from zephon.recipe.phases import NEVER, Phase, Segment, SegmentSteps
 
 STEP = 10  # tokens one lane gives per step
 TEXT = "x" * 36  # estimated at 10 tokens

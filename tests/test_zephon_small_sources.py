@@ -13,8 +13,8 @@ from conftest import synthetic_docs
 from zephon_helpers import close, make_ranks, save, step_digests
 
 from zephon import ZephonLoader
-from zephon.shuffle import SourcePlan
-from zephon.tokenize import encode_texts, load_tokenizer
+from zephon.lanes.shuffle import SourcePlan
+from zephon.tokenize.tokenizer import encode_texts, load_tokenizer
 
 
 def test_plan_gives_every_lane_its_own_walk_of_all_documents() -> None:

@@ -4,7 +4,7 @@ One process per device, on a (dp_replicate, dp_shard, tp) device mesh: FSDP2
 or HSDP over the data-parallel dimensions, optionally tensor parallelism inside.
 The loss is normalised by the valid tokens of the whole global batch, so
 neither the mesh nor the micro-batch size changes what is optimised. The
-recipe's data phases set each step's shape (`datasets/schedule.py`): rows per
+recipe's data phases set each step's shape (`datasets/phase_timeline.py`): rows per
 rank, seq_len and micro-batches follow them; a checkpoint is written at every
 phase boundary, and the LR decay may span a phase.
 """
@@ -44,7 +44,7 @@ from torchtitan.components.source_metrics import global_source_counts, scheduled
 from torchtitan.components.validation import validation_loss
 from torchtitan.config.job_config import ConfigError, JobConfig, load_job_config
 from torchtitan.datasets.dataloader import TrainDataLoader, check_data_startup
-from torchtitan.datasets.schedule import DataSchedule, micro_rows
+from torchtitan.datasets.phase_timeline import DataTimeline, micro_rows
 from torchtitan.distributed.device_io import to_device
 from torchtitan.distributed.mesh import ParallelDims, ParallelMesh
 from torchtitan.distributed.utils import DistInfo, exit_process, init_distributed
@@ -93,7 +93,7 @@ class Trainer:
         # still to come, for this mesh, before anything is built.
         self.resume_from = resume_step(cfg.checkpoint, cfg.job.dump_folder)
         start = self.resume_from or 0
-        self.plan = DataSchedule.from_config(cfg)
+        self.plan = DataTimeline.from_config(cfg)
         for seq_len in sorted({p.seq_len for p in self.plan.unfinished(start)}):
             self.spec.check_parallelism(self.model_args, dims, seq_len)
         dp = dims.dp

@@ -1,5 +1,5 @@
 import sys
 
-from zephon.cli import main
+from zephon.tools.cli import main
 
 sys.exit(main())

@@ -1,6 +1,6 @@
 """ZephonLoader: one data-parallel rank's view of the global batch stream.
 
-The rank owns lanes [floor(r*L/D), floor((r+1)*L/D)) (zephon/layout.py).
+The rank owns lanes [floor(r*L/D), floor((r+1)*L/D)) (zephon/recipe/layout.py).
 Each step it takes G/L rows from every owned lane, in lane order;
 concatenating all ranks' batches in rank order gives the same bytes for any
 D <= L. A rank with fewer lanes hands over its real rows only, and its batch
@@ -22,23 +22,29 @@ from collections.abc import Collection, Iterator
 from typing import Any
 
 from zephon.batch import Batch
-from zephon.context import build_context, open_sources
-from zephon.deal import Record
+from zephon.batch_production import BOUNDARY, END, BatchProducer
+from zephon.demand.executor import DemandExecutor
+from zephon.demand.lookahead import DEFAULT_LOOKAHEAD_BYTES, DOC_COUNTS, TOKEN_COUNTS
 from zephon.errors import StateError
-from zephon.flush_log import FlushLog, FlushPoint
-from zephon.lane import LaneStream, initial_snapshot
-from zephon.layout import Layout
-from zephon.lookahead import DEFAULT_LOOKAHEAD_BYTES, DOC_COUNTS, TOKEN_COUNTS
-from zephon.phases import MicroBatch, Phase, Segment, resolve_schedule
-from zephon.production import BOUNDARY, END, BatchProducer
-from zephon.rank_schedule import RankSchedule
-from zephon.recipe import Recipe, load_recipe
-from zephon.resume import resume_starts
-from zephon.scheduler import DemandScheduler
+from zephon.lanes.lane import LaneStream, initial_snapshot
+from zephon.lanes.pipeline_context import build_context, open_sources
+from zephon.recipe.layout import Layout
+from zephon.recipe.phases import MicroBatch, Phase, Segment, resolve_phases
+from zephon.recipe.rank_timeline import RankTimeline
+from zephon.recipe.spec import Recipe, load_recipe
+from zephon.sources.bad_records import dropped_count, dropped_state, restore_dropped
 from zephon.stage_profile import StageProfile
-from zephon.state import check_header, check_state_data, make_fingerprint, rank_state, upgrade
-from zephon.tokenize import TokenizerInfo, resolve_tokenizer
-from zephon.tolerant import dropped_count, dropped_state, restore_dropped
+from zephon.state.checkpoint_state import (
+    check_header,
+    check_state_data,
+    make_fingerprint,
+    rank_state,
+    upgrade,
+)
+from zephon.state.flush_log import FlushLog, FlushPoint
+from zephon.state.lane_count_deal import Record
+from zephon.state.restore import resume_starts
+from zephon.tokenize.tokenizer import TokenizerInfo, resolve_tokenizer
 
 BLOCK_PREFETCH = (
     "ZephonLoader(block_prefetch=...) is deprecated and ignored: lookahead is one token "
@@ -96,12 +102,12 @@ class ZephonLoader:
     ):
         self.recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
         ex = self.recipe.execution
-        self.schedule = resolve_schedule(self.recipe, seq_len, global_batch_size, explicit)
+        self.timeline = resolve_phases(self.recipe, seq_len, global_batch_size, explicit)
         self.dp_rank, self.dp_size = dp_rank, dp_size
-        self.rank = RankSchedule(
-            self.schedule, dp_rank, dp_size, micro_batch_size, micro_batch_tokens
+        self.rank = RankTimeline(
+            self.timeline, dp_rank, dp_size, micro_batch_size, micro_batch_tokens
         )
-        self.rank.check(self.schedule.phases[-1].start_step)
+        self.rank.check(self.timeline.phases[-1].start_step)
         self.tok = resolve_tokenizer(tokenizer, self.recipe)
         self.num_workers = ex.workers if num_workers is None else num_workers
         self.prefetch = ex.prefetch if prefetch is None else prefetch
@@ -114,15 +120,15 @@ class ZephonLoader:
         self.lookahead_tokens = budget or 2 * self.rank.step_tokens()
         budget = lookahead_bytes if lookahead_bytes is not None else ex.lookahead_bytes
         self.lookahead_bytes = budget or DEFAULT_LOOKAHEAD_BYTES
-        first = self.schedule.segments[0]
+        first = self.timeline.segments[0]
         self.profile = StageProfile() if profile else None  # kept after close, for a last look
         self.ctx = build_context(
             self.recipe, readers, plans, self.tok, self.num_workers,
             (self.lookahead_tokens, self.lookahead_bytes), first, self.profile,
         )  # fmt: skip
-        self._scheduler: DemandScheduler | None = self.ctx.scheduler
+        self._scheduler: DemandExecutor | None = self.ctx.scheduler
         self.source_names = tuple(s.name for s in self.recipe.sources)
-        self.fingerprint = make_fingerprint(self.recipe, readers, self.tok, self.schedule)
+        self.fingerprint = make_fingerprint(self.recipe, readers, self.tok, self.timeline)
         self.traces: dict[int, list[tuple[int, int]]] | None = {} if trace else None
         self._producer: BatchProducer | None = None
         self._deals: dict[str, list[Record]] = {}
@@ -135,7 +141,7 @@ class ZephonLoader:
         """Plan a start from step 0, unless a start (fresh or restored) is planned."""
         if self._producer is None:
             self.rank.check(0)
-            first = self.schedule.segments[0]
+            first = self.timeline.segments[0]
             start = initial_snapshot(self.recipe)
             self._plan_start({lane: (start, 0) for lane in self.rank.lanes_of(first)}, 0, first)
 
@@ -147,7 +153,7 @@ class ZephonLoader:
 
     def phase_at(self, step: int) -> Phase:
         """The phase of the trainer's step `step` (counted from 1)."""
-        return self.schedule.phase_at(step)
+        return self.timeline.phase_at(step)
 
     @property
     def layout(self) -> Layout:
@@ -157,7 +163,7 @@ class ZephonLoader:
     @property
     def phase(self) -> Phase:
         """The phase of the next step: its seq_len, global batch size, rows per lane."""
-        return self.schedule.phase_at(self.step + 1)
+        return self.timeline.phase_at(self.step + 1)
 
     @property
     def needs_boundary_state(self) -> bool:
@@ -186,7 +192,7 @@ class ZephonLoader:
         self._scheduler.reset(self.ctx.step_map(segment))
         self._producer = BatchProducer(
             self.ctx,
-            self.schedule,
+            self.timeline,
             segment,
             points,
             step,
@@ -251,7 +257,7 @@ class ZephonLoader:
         batch, flushes, entered = item  # type: ignore[misc]
         if entered is not None:  # the first batch of a new segment: its lanes from now on
             starts, self._deals = entered
-            self._segment = self.schedule.segment_of(self.step)
+            self._segment = self.timeline.segment_of(self.step)
             self.lane_ids = sorted(starts)
             self._flushes = FlushLog(starts)
         self.step += 1
@@ -269,7 +275,7 @@ class ZephonLoader:
         self._plan_fresh()
         seg = self._segment
         lanes = self._flushes.state_lanes(self.lane_ids, seg.rows_before(self.step))
-        state = rank_state(self.fingerprint, self.schedule, self.step, self.dp_rank, seg, lanes)
+        state = rank_state(self.fingerprint, self.timeline, self.step, self.dp_rank, seg, lanes)
         if self._deals:  # absent until the lane count changed
             state["deals"] = self._deals
         if self.recipe.bad_records == "drop":  # absent otherwise: older states stay as they were
@@ -284,10 +290,10 @@ class ZephonLoader:
         """Refuse a state this run cannot continue (header, fingerprint of the phases
         started by its step); returns it as the current state version."""
         check_header(state)
-        first = self.schedule.phases[0]
+        first = self.timeline.phases[0]
         state = upgrade(state, list(first.weights_by_name))
         check_state_data(
-            state, self.fingerprint, self.recipe, self.ctx.readers, self.tok, self.schedule
+            state, self.fingerprint, self.recipe, self.ctx.readers, self.tok, self.timeline
         )
         return state
 
@@ -298,7 +304,7 @@ class ZephonLoader:
         step = int(state["step"])
         self.rank.check(step)
         self._discard_lanes()
-        seg, points, deals = resume_starts(self.ctx, self.schedule, state, self.rank.lanes_of)
+        seg, points, deals = resume_starts(self.ctx, self.timeline, state, self.rank.lanes_of)
         restore_dropped(self.ctx.readers, state.get("dropped_records", {}))
         if self.traces is not None:
             self.traces = {}

@@ -17,7 +17,7 @@ logger = logging.getLogger("torchtitan")
 
 
 class PhaseSteps(Protocol):
-    """What the schedule needs of a data phase (`zephon.phases.Phase`)."""
+    """What the schedule needs of a data phase (`zephon.recipe.phases.Phase`)."""
 
     name: str | None
     start_step: int

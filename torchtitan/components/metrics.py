@@ -15,7 +15,7 @@ import torch
 
 from torchtitan.components.source_metrics import PhaseMixture
 from torchtitan.config.job_config import MetricsConfig
-from zephon.files import atomic_write
+from zephon import atomic_write
 
 logger = logging.getLogger("torchtitan")
 

@@ -55,7 +55,7 @@ def global_source_counts(
 
 
 def scheduled_shares(phase: Any, names: Sequence[str]) -> dict[str, float] | None:
-    """The share of the batch a data phase's weights (`zephon.phases.Phase`) give
+    """The share of the batch a data phase's weights (`zephon.recipe.phases.Phase`) give
     each of `names` (0: paused); None for a recipe without phases."""
     if phase.name is None:
         return None
@@ -98,10 +98,10 @@ class PhaseMixture:
 
 
 def mixture_rows(records: Iterable[dict[str, Any]]) -> list[Any]:
-    """`zephon.mixture_report.MixtureRow`s (for its `table` and `plot`) from a run's
+    """`zephon.tools.mixture_report.MixtureRow`s (for its `table` and `plot`) from a run's
     metrics records of a recipe with phases: per step its phase, the scheduled
     shares, the step's realised shares and those over the phase so far."""
-    from zephon.mixture_report import MixtureRow
+    from zephon import MixtureRow
 
     rows = []
     for r in sorted(records, key=lambda r: int(r["step"])):

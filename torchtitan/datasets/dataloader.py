@@ -21,10 +21,9 @@ import torch.distributed as dist
 from torchtitan.config.job_config import ConfigError, JobConfig
 from torchtitan.datasets.contract import RankLoader, TrainBatch
 from torchtitan.datasets.hf_adapter import HFBaselineAdapter
-from torchtitan.datasets.schedule import DataSchedule, micro_rows
+from torchtitan.datasets.phase_timeline import DataTimeline, micro_rows
 from torchtitan.datasets.zephon_adapter import ZephonAdapter
-from zephon import Layout, LayoutError, global_batch_digest, load_recipe, plan_layout
-from zephon.recipe import Recipe
+from zephon import Layout, LayoutError, Recipe, global_batch_digest, load_recipe, plan_layout
 
 logger = logging.getLogger("torchtitan")
 
@@ -249,7 +248,7 @@ def check_startup(
 
 
 def check_phases(
-    cfg: JobConfig, plan: DataSchedule, dp_size: int, from_step: int, max_seq_len: int
+    cfg: JobConfig, plan: DataTimeline, dp_size: int, from_step: int, max_seq_len: int
 ) -> dict[str | None, Layout]:
     """Every phase of the training recipe not finished after `from_step` steps (the
     start or resume step), checked now rather than when it is reached: its seq_len
@@ -268,7 +267,7 @@ def check_phases(
             )
     t = cfg.training
     try:
-        return plan.schedule.layouts(
+        return plan.timeline.layouts(
             dp_size,
             None if t.local_batch_tokens else t.local_batch_size,
             from_step,
@@ -286,7 +285,7 @@ def check_phases(
 
 
 def check_data_startup(
-    cfg: JobConfig, dp_size: int, max_seq_len: int, plan: DataSchedule, from_step: int = 0
+    cfg: JobConfig, dp_size: int, max_seq_len: int, plan: DataTimeline, from_step: int = 0
 ) -> dict[str | None, Layout]:
     """Every start-up check of `[data]` and `[validation]`, before the mesh and the
     model are built: the training recipe's phases not finished after `from_step`

@@ -13,8 +13,7 @@ from typing import Any
 from torchtitan.config.job_config import JobConfig
 from torchtitan.datasets.contract import WrappedLoader
 from torchtitan.datasets.hf_baseline import HFBaselineLoader
-from zephon import StateError
-from zephon.recipe import Recipe
+from zephon import Recipe, StateError
 
 HF_STATE_FORMAT = "hf_baseline.rank_states"
 

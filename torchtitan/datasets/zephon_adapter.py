@@ -15,8 +15,7 @@ from typing import Any
 from torchtitan.config.job_config import JobConfig
 from torchtitan.datasets.contract import WrappedLoader
 from torchtitan.datasets.hf_adapter import HF_STATE_FORMAT
-from zephon import StateError, ZephonLoader, merge_rank_states
-from zephon.recipe import Recipe
+from zephon import Recipe, StateError, ZephonLoader, merge_rank_states
 
 
 class ZephonAdapter(WrappedLoader):

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from torchtitan.components.checkpoint import CheckpointError
-from zephon.files import atomic_write
+from zephon import atomic_write
 
 logger = logging.getLogger("torchtitan")
 

@@ -28,8 +28,7 @@ from typing import Any
 from torchtitan.components.checkpoint import CheckpointError
 from torchtitan.components.divergence import TrainingDiverged
 from torchtitan.config.job_config import ConfigError
-from zephon.errors import DataError, ZephonError
-from zephon.files import atomic_write
+from zephon import DataError, ZephonError, atomic_write
 
 ERROR_DIR_ENV = "TORCHTITAN_ERROR_DIR"
 # Input errors: exit 2, and an elastic launch does not retry them (agent.py).

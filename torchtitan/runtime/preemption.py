@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from torchtitan.runtime.failure import ERROR_DIR_ENV
-from zephon.files import atomic_write
+from zephon import atomic_write
 
 logger = logging.getLogger("torchtitan")
 

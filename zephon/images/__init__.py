@@ -12,17 +12,29 @@ Pure functions, no I/O beyond bytes in and arrays out, one job per module:
            tokens, decode peak) known from the header alone;
 - canary:  the decode canary that tells whether two machines make the same pixels.
 
-Settings come from the recipe's [image] table (zephon.recipe.ImageSpec).
+decode, resize, patches and canary form the pixel definition (images/pixels/):
+changing any of them changes the bytes a model sees.
+
+Settings come from the recipe's [image] table (zephon.recipe.spec.ImageSpec).
 """
 
-from zephon.images.canary import canary_mismatch, decode_canary, decoder_versions
-from zephon.images.decode import decode
+from zephon.images.batch import ImageBatch
+from zephon.images.documents import image_digest
 from zephon.images.header import ImageHeader, read_header
-from zephon.images.patches import from_patches, patch_positions, placeholder_count, to_patches
+from zephon.images.pixels.canary import canary_mismatch, decode_canary, decoder_versions
+from zephon.images.pixels.decode import decode
+from zephon.images.pixels.patches import (
+    from_patches,
+    patch_positions,
+    placeholder_count,
+    to_patches,
+)
+from zephon.images.pixels.resize import target_size
 from zephon.images.prepare import ImagePatches, ImagePlan, plan_image, prepare_image
-from zephon.images.resize import target_size
+from zephon.images.tokens import vocab_size_with_image_tokens
 
 __all__ = [
+    "ImageBatch",
     "ImageHeader",
     "ImagePatches",
     "ImagePlan",
@@ -31,6 +43,7 @@ __all__ = [
     "decode_canary",
     "decoder_versions",
     "from_patches",
+    "image_digest",
     "patch_positions",
     "placeholder_count",
     "plan_image",
@@ -38,4 +51,5 @@ __all__ = [
     "read_header",
     "target_size",
     "to_patches",
+    "vocab_size_with_image_tokens",
 ]

@@ -6,7 +6,7 @@ the ranks' images in rank order gives the global batch's images in lane
 order, like the rows themselves (docs/design.md §14).
 
 - `patches`: uint8 `[total_patches, 3 * p * p]`, each image's patches in the
-  order of `zephon/images/patches.py` (merge windows contiguous), images
+  order of `zephon/images/pixels/patches.py` (merge windows contiguous), images
   one after another. uint8 keeps digests exact and memory at a quarter of
   float32; the model normalises.
 - `grids`: int64 `[n, 2]`, each image's (h_patches, w_patches).

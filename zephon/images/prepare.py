@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
-from zephon.images.decode import decode_image
 from zephon.images.header import ImageHeader, open_image
-from zephon.images.patches import placeholder_count, to_patches
-from zephon.images.resize import resize, target_size
-from zephon.recipe import ImageSpec
+from zephon.images.pixels.decode import decode_image
+from zephon.images.pixels.patches import placeholder_count, to_patches
+from zephon.images.pixels.resize import resize, target_size
+from zephon.recipe.spec import ImageSpec
 
 
 @dataclass(frozen=True)

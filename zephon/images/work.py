@@ -26,7 +26,7 @@ A bad image (not an image, truncated or corrupt, zero bytes, more pixels than
 shard and key when its lane picks it; under "drop" it becomes an empty
 document (just EOS) at its own index, like any other bad record, and is
 counted. Text documents that share a call are encoded exactly as without
-images (zephon/pieces.py).
+images (zephon/tokenize/long_pieces.py).
 """
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ from zephon.errors import ImageError
 from zephon.images.documents import DocImage, ImageDoc, ImageDocIds, bad_document, image_digest
 from zephon.images.prepare import ImagePatches, ImagePlan, plan_image, prepare_image
 from zephon.images.tokens import ImageTokenIds, image_token_ids
-from zephon.pieces import encode_documents
-from zephon.recipe import ImageSpec
+from zephon.recipe.spec import ImageSpec
+from zephon.sources.bad_records import DroppingReader
 from zephon.sources.multimodal import MultimodalDoc, TextSegment
 from zephon.stage_profile import IMAGE, NULL_CLOCK, StageProfile
-from zephon.tokenize import TokenizerInfo, encode_raw
-from zephon.tolerant import DroppingReader
+from zephon.tokenize.long_pieces import encode_documents
+from zephon.tokenize.tokenizer import TokenizerInfo, encode_raw
 
 
 @dataclass(frozen=True, eq=False)

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from zephon.errors import DataError
-from zephon.recipe import SourceSpec
+from zephon.recipe.spec import SourceSpec
 from zephon.sources.multimodal import TableRecords
 from zephon.sources.values import check_value
 

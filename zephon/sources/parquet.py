@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from zephon.errors import DataError
-from zephon.recipe import SourceSpec
+from zephon.recipe.spec import SourceSpec
 from zephon.sources.multimodal import TableRecords
 from zephon.sources.spans import spans
 from zephon.sources.storage import ByteObject, is_remote

@@ -28,7 +28,7 @@ import numpy as np
 
 from zephon.errors import DataError
 from zephon.files import atomic_file
-from zephon.recipe import WDS_IMAGE_EXTS, SourceSpec
+from zephon.recipe.spec import WDS_IMAGE_EXTS, SourceSpec
 from zephon.sources.cache import build_once, cache_key
 from zephon.sources.multimodal import ImageSegment, MultimodalDoc, TextSegment
 from zephon.sources.storage import ByteObject

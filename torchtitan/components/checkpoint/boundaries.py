@@ -3,7 +3,7 @@
 The `step-b` checkpoint of a phase starting at step b is where branches of a
 run (several anneal mixes, say) start from, so it is written at every boundary
 and never pruned. Which folders are boundaries is read from the loader state
-saved in them (`boundary_of`, zephon/state.py), not from this run's recipe: a
+saved in them (`boundary_of`, zephon/state/checkpoint_state.py), not from this run's recipe: a
 boundary of an earlier recipe version stays protected too.
 """
 
@@ -13,7 +13,7 @@ import json
 import os
 
 from torchtitan.components.checkpoint.manifest import LOADER_FILE
-from zephon.state import boundary_of
+from zephon import boundary_of
 
 
 def prunable_steps(folder: str, steps: list[int], known: dict[str, bool]) -> list[int]:

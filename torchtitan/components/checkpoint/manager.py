@@ -41,7 +41,7 @@ from torchtitan.components.checkpoint.manifest import COMPLETE_FILE, LOADER_FILE
 from torchtitan.components.divergence import params_finite
 from torchtitan.config.job_config import Checkpoint as CheckpointConfig
 from torchtitan.distributed.utils import all_gather_objects
-from zephon.files import atomic_write
+from zephon import atomic_write
 
 logger = logging.getLogger("torchtitan")
 

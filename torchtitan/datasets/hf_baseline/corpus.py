@@ -7,8 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from zephon.errors import DataError
-from zephon.recipe import Recipe, SourceSpec
+from zephon import DataError, Recipe, SourceSpec
 from zephon.sources import default_cache_dir as zephon_cache_dir
 
 

@@ -15,11 +15,16 @@ import torch
 from torchtitan.datasets.hf_baseline.corpus import load_mixed_corpus
 from torchtitan.datasets.hf_baseline.packing import RankPackingStream
 from torchtitan.datasets.hf_baseline.state_codec import from_json, to_json
-from zephon.batch import Batch, rows_to_batch
-from zephon.digest import rows_digest
-from zephon.errors import LayoutError, StateError, ZephonError
-from zephon.recipe import Recipe
-from zephon.tokenize import load_tokenizer
+from zephon import (
+    Batch,
+    LayoutError,
+    Recipe,
+    StateError,
+    ZephonError,
+    load_tokenizer,
+    rows_digest,
+    rows_to_batch,
+)
 
 LOADER_NAME = "hf"
 STATE_VERSION = 1

@@ -11,8 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from zephon.errors import DataError, StateError
-from zephon.tokenize import tokenizer_file
+from zephon import DataError, StateError, tokenizer_file
 
 _READ_CHUNK = 256  # documents fetched from the arrow table at a time
 

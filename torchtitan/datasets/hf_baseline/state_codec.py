@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zephon.errors import StateError
+from zephon import StateError
 
 
 def to_json(value: Any) -> Any:

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from torchtitan.models.llama3.args import LLAMA3_FLAVORS, ModelArgs
-from zephon.images.tokens import vocab_size_with_image_tokens
+from zephon.images import vocab_size_with_image_tokens
 
 
 @dataclass(frozen=True)

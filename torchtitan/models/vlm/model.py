@@ -33,7 +33,7 @@ from torchtitan.models.llama3.model import Transformer, copy_full_into
 from torchtitan.models.vlm.args import VLMArgs
 from torchtitan.models.vlm.projector import MergeProjector
 from torchtitan.models.vlm.vision import LayerNorm, Linear, VisionEncoder
-from zephon.images.batch import ImageBatch
+from zephon.images import ImageBatch
 
 
 def placeholder_index(images: ImageBatch, rows: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,6 +1,6 @@
 """The merge projector: merge x merge patch vectors -> one decoder embedding.
 
-The patches of each merge window are contiguous rows (zephon/images/patches.py
+The patches of each merge window are contiguous rows (zephon/images/pixels/patches.py
 orders them so), and windows follow in row-major order, which is the order of
 the image's placeholder tokens. So merging is a reshape of [N, dim] to
 [N / merge², merge² * dim]: row k is window k, its patches side by side in

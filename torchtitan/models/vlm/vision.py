@@ -8,7 +8,7 @@ vector per patch, in the same order, for the merge projector.
   (no per-dataset statistics to carry around; the linear layer after it learns
   any per-channel shift and scale), then one linear layer, which is a p x p
   convolution with stride p on a channel-major patch.
-- Positions: 2-D rotary embeddings from `zephon.images.patches.patch_positions`,
+- Positions: 2-D rotary embeddings from `zephon.images.pixels.patches.patch_positions`,
   half the rotated pairs of each head by the patch's row, half by its column.
   Chosen over interpolated learned positions because images come in any grid
   (the resize keeps the aspect ratio): rotary angles exist for every (row,
@@ -34,7 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from torchtitan.models.llama3.model import apply_rope
 from torchtitan.models.vlm.args import VisionArgs
-from zephon.images.patches import patch_positions
+from zephon.images import patch_positions
 
 
 def _local(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -150,7 +150,7 @@ class VisionEncoder(nn.Module):
 
     def forward(self, patches: torch.Tensor, grids: list[tuple[int, int]]) -> torch.Tensor:
         """`patches [N, 3 p²]` uint8 (images one after another, each in the
-        order of zephon/images/patches.py) and each image's (h, w) grid ->
+        order of zephon/images/pixels/patches.py) and each image's (h, w) grid ->
         `[N, dim]`."""
         a = self.args
         if patches.dtype != torch.uint8 or patches.shape[1:] != (a.patch_dim,):

@@ -11,36 +11,36 @@ from __future__ import annotations
 
 import math
 
-from zephon.layout import Layout
-from zephon.phases import MicroBatch, Schedule, Segment
+from zephon.recipe.layout import Layout
+from zephon.recipe.phases import MicroBatch, PhaseTimeline, Segment
 
 
-class RankSchedule:
+class RankTimeline:
     """The layouts of rank `dp_rank` of `dp_size`, phase by phase."""
 
     def __init__(
         self,
-        schedule: Schedule,
+        timeline: PhaseTimeline,
         dp_rank: int,
         dp_size: int,
         micro_batch: MicroBatch = None,
         micro_batch_tokens: int | None = None,
     ):
-        self.schedule, self.dp_rank, self.dp_size = schedule, dp_rank, dp_size
+        self.timeline, self.dp_rank, self.dp_size = timeline, dp_rank, dp_size
         self.micro, self.micro_tokens = micro_batch, micro_batch_tokens
         self._layouts: dict[str | None, Layout] = {}
 
     def check(self, from_step: int) -> None:
         """Every phase not finished after `from_step` steps fits this rank (a
         LayoutError naming the phase otherwise)."""
-        layouts = self.schedule.layouts(self.dp_size, self.micro, from_step, self.micro_tokens)
+        layouts = self.timeline.layouts(self.dp_size, self.micro, from_step, self.micro_tokens)
         self._layouts.update(layouts)
 
     def layout_at(self, step: int) -> Layout:
         """The layout of the trainer's step `step` (counted from 1)."""
-        p = self.schedule.phase_at(step)
+        p = self.timeline.phase_at(step)
         if p.name not in self._layouts:
-            layout = self.schedule.layout_of(p, self.dp_size, self.micro, self.micro_tokens)
+            layout = self.timeline.layout_of(p, self.dp_size, self.micro, self.micro_tokens)
             self._layouts[p.name] = layout
         return self._layouts[p.name]
 
@@ -52,7 +52,7 @@ class RankSchedule:
         """Tokens of this rank's rows in the phase with the most per step."""
         return max(
             math.ceil(p.lanes / self.dp_size) * p.rows_per_lane * (p.seq_len + 1)
-            for p in self.schedule.phases
+            for p in self.timeline.phases
         )
 
     @property
@@ -65,10 +65,10 @@ class RankSchedule:
         rank cannot enter without every rank's lanes."""
         if self.whole or segment.end_step is None or steps_done != segment.end_step:
             return False
-        return self.schedule.segment_of(steps_done).lanes != segment.lanes
+        return self.timeline.segment_of(steps_done).lanes != segment.lanes
 
     def boundary_message(self, segment: Segment, steps_done: int) -> str:
-        p = self.schedule.phase_at(steps_done + 1)
+        p = self.timeline.phase_at(steps_done + 1)
         return (
             f"step {steps_done + 1} starts {p.label} with {p.lanes} lanes (from "
             f"{segment.lanes}): every rank needs the merged loader state of step "

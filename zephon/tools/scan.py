@@ -17,10 +17,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from zephon.errors import DataError
-from zephon.recipe import ImageSpec, Recipe, SourceSpec
+from zephon.recipe.spec import ImageSpec, Recipe, SourceSpec
 from zephon.sources import SourceReader
-from zephon.tokenize import token_id_error
-from zephon.tolerant import read_or_recover
+from zephon.sources.bad_records import read_or_recover
+from zephon.tokenize.tokenizer import token_id_error
 
 CHUNK = 2048
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from zephon.context import PipelineContext
-from zephon.deal import Record, deal_source
 from zephon.errors import StateError
-from zephon.flush_log import FlushPoint
-from zephon.phases import Segment
+from zephon.lanes.pipeline_context import PipelineContext
+from zephon.recipe.phases import Segment
+from zephon.state.flush_log import FlushPoint
+from zephon.state.lane_count_deal import Record, deal_source
 
 
 def _zero(ctx: PipelineContext) -> dict[str, int]:

@@ -28,17 +28,17 @@ from typing import Any
 import numpy as np
 
 from zephon.batch import Batch, rows_to_batch
-from zephon.boundary import enter_segment
-from zephon.context import PipelineContext
-from zephon.deal import Record
+from zephon.demand.lookahead import DOC_COUNTS, TOKEN_COUNTS
 from zephon.digest import rows_digest
 from zephon.errors import StateError
-from zephon.flush_log import FlushPoint
 from zephon.images.assembly import BatchImages
-from zephon.lane import LaneStream
-from zephon.lookahead import DOC_COUNTS, TOKEN_COUNTS
-from zephon.phases import Schedule, Segment
+from zephon.lanes.lane import LaneStream
+from zephon.lanes.pipeline_context import PipelineContext
+from zephon.recipe.phases import PhaseTimeline, Segment
 from zephon.stage_profile import ASSEMBLE, NULL_CLOCK, OTHER, PACK, Clock, current
+from zephon.state.flush_log import FlushPoint
+from zephon.state.lane_count_deal import Record
+from zephon.state.segment_boundary import enter_segment
 
 END = object()  # the data ended (a `stop` source ran dry)
 BOUNDARY = object()  # a lane-count change this rank cannot cross alone
@@ -66,7 +66,7 @@ class BatchProducer:
     def __init__(
         self,
         ctx: PipelineContext,
-        schedule: Schedule,
+        timeline: PhaseTimeline,
         segment: Segment,
         starts: dict[int, tuple[FlushPoint, int]],
         step: int,
@@ -74,7 +74,7 @@ class BatchProducer:
         traces: dict[int, list[tuple[int, int]]] | None,
         whole: bool,
     ):
-        self.ctx, self.schedule, self.segment = ctx, schedule, segment
+        self.ctx, self.timeline, self.segment = ctx, timeline, segment
         self.starts, self.step = starts, step
         self.prefetch, self.traces, self.whole = prefetch, traces, whole
         self.source_names = tuple(s.name for s in ctx.recipe.sources)
@@ -159,7 +159,7 @@ class BatchProducer:
         at a lane-count change without every lane."""
         before = self.segment
         assert before.end_step is not None
-        after = self.schedule.segment_of(before.end_step)
+        after = self.timeline.segment_of(before.end_step)
         if after.lanes != before.lanes and not self.whole:
             return False
         points = {lane.lane: lane.boundary_point() for lane in self.lanes}

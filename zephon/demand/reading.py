@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from zephon.feeds import Feed, Slot
-from zephon.lane_docs import BlockPart
+from zephon.demand.feeds import Feed, Slot
+from zephon.lanes.documents import BlockPart
 from zephon.sources import SourceReader
 from zephon.stage_profile import IMAGE, current
-from zephon.tokenize import TokenizerInfo, check_token_ids
+from zephon.tokenize.tokenizer import TokenizerInfo, check_token_ids
 
 
 def read_part(reader: Any, part: BlockPart, by_document: bool) -> list[Any]:

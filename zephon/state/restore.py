@@ -21,19 +21,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from zephon.boundary import enter_segment
-from zephon.context import PipelineContext
-from zephon.deal import Record
 from zephon.errors import StateError
-from zephon.flush_log import FlushPoint, restore_points
-from zephon.phases import Schedule, Segment
+from zephon.lanes.pipeline_context import PipelineContext
+from zephon.recipe.phases import PhaseTimeline, Segment
+from zephon.state.flush_log import FlushPoint, restore_points
+from zephon.state.lane_count_deal import Record
+from zephon.state.segment_boundary import enter_segment
 
 Starts = dict[int, tuple[FlushPoint, int]]
 
 
 def resume_starts(
     ctx: PipelineContext,
-    schedule: Schedule,
+    timeline: PhaseTimeline,
     state: dict[str, Any],
     lanes_of: Callable[[Segment], range],
 ) -> tuple[Segment, Starts, dict[str, list[Record]]]:
@@ -42,13 +42,13 @@ def resume_starts(
     step = int(state["step"])
     deals: dict[str, list[Record]] = state.get("deals", {})
     ctx.set_deals(deals)
-    seg = schedule.segment_of(step)
+    seg = timeline.segment_of(step)
     held = int(state.get("segment_start", 0))
     num_lanes = int(state.get("num_lanes", seg.lanes))
     if held == seg.start_step:  # the lanes of the next batch's segment
         _check_lanes(num_lanes, seg, step)
         return seg, restore_points(state, lanes_of(seg), seg.rows_before(step)), deals
-    prev = schedule.segment_of(step - 1) if step > 0 else seg
+    prev = timeline.segment_of(step - 1) if step > 0 else seg
     if held != prev.start_step or seg is prev:
         raise StateError(
             f"loader state: its lanes started their segment at step {held}, but in this "

@@ -1,7 +1,7 @@
 """The data schedule as the trainer sees it: the recipe's phases, resolved with the
 job config, and what the training loop needs of them at each step.
 
-The recipe owns the schedule (`zephon/phases.py`): phases change the mixture,
+The recipe owns the schedule (`zephon/recipe/phases.py`): phases change the mixture,
 the global batch size, seq_len and the lane count at given steps. The job
 config gives the first phase's seq_len and global batch size where the recipe
 does not; where the user set one on purpose and the recipe's first phase says
@@ -16,9 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torchtitan.config.job_config import JobConfig
-from zephon import Layout, RecipeError, load_recipe
-from zephon.phases import Phase, Schedule, resolve_schedule
-from zephon.recipe import Recipe
+from zephon import Layout, Phase, PhaseTimeline, Recipe, RecipeError, load_recipe, resolve_phases
 
 
 def micro_rows(local_batch_size: int, local_batch_tokens: int | None, seq_len: int) -> int:
@@ -27,40 +25,38 @@ def micro_rows(local_batch_size: int, local_batch_tokens: int | None, seq_len: i
 
 
 @dataclass(frozen=True)
-class DataSchedule:
+class DataTimeline:
     """The resolved phases of `[data] recipe` and the micro-batch rule of the job."""
 
-    schedule: Schedule
+    timeline: PhaseTimeline
     local_batch_size: int
     local_batch_tokens: int | None
     recipe_path: str
 
     @classmethod
-    def from_config(cls, cfg: JobConfig, recipe: Recipe | None = None) -> DataSchedule:
+    def from_config(cls, cfg: JobConfig, recipe: Recipe | None = None) -> DataTimeline:
         t = cfg.training
         recipe = recipe or load_recipe(cfg.data.recipe)
         try:
-            schedule = resolve_schedule(
-                recipe, t.seq_len, t.global_batch_size, cfg.explicit_shape()
-            )
+            timeline = resolve_phases(recipe, t.seq_len, t.global_batch_size, cfg.explicit_shape())
         except RecipeError as exc:  # say where the job's value came from
             where = "; ".join(f"training.{n} from {cfg.set_by('training', n)}"
                               for n in cfg.explicit_shape())  # fmt: skip
             raise RecipeError(f"{exc} ({where})") from None
-        return cls(schedule, t.local_batch_size, t.local_batch_tokens or None, cfg.data.recipe)
+        return cls(timeline, t.local_batch_size, t.local_batch_tokens or None, cfg.data.recipe)
 
     @property
     def phases(self) -> tuple[Phase, ...]:
-        return self.schedule.phases
+        return self.timeline.phases
 
     @property
     def named(self) -> bool:
         """The recipe has `[[phase]]` tables."""
-        return self.schedule.named
+        return self.timeline.named
 
     def phase_at(self, step: int) -> Phase:
         """The phase of the trainer's step `step` (counted from 1)."""
-        return self.schedule.phase_at(step)
+        return self.timeline.phase_at(step)
 
     def micro_rows(self, phase: Phase) -> int:
         """Rows per micro-batch in `phase` (the startup check made them whole)."""
@@ -72,7 +68,7 @@ class DataSchedule:
 
     def unfinished(self, steps_done: int) -> tuple[Phase, ...]:
         """The phases with steps still to train after `steps_done` steps."""
-        return self.schedule.unfinished(steps_done)
+        return self.timeline.unfinished(steps_done)
 
     def boundaries(self) -> tuple[int, ...]:
         """The steps after which a phase starts: its boundary checkpoint's step."""

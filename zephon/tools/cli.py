@@ -18,17 +18,17 @@ from pathlib import Path
 from zephon.batch import Batch
 from zephon.digest import global_batch_digest
 from zephon.errors import LayoutError, ZephonError
-from zephon.layout import plan_layout
+from zephon.lanes.shuffle import SourcePlan
 from zephon.loader import ZephonLoader
-from zephon.phases import Schedule, images_too_long, resolve_schedule
-from zephon.recipe import Recipe, SourceSpec, load_recipe
-from zephon.shuffle import SourcePlan
+from zephon.recipe.layout import plan_layout
+from zephon.recipe.phases import PhaseTimeline, images_too_long, resolve_phases
+from zephon.recipe.spec import Recipe, SourceSpec, load_recipe
 from zephon.sources import SourceReader
-from zephon.state import load_file, merge_rank_states
-from zephon.tokenize import load_tokenizer
+from zephon.state.checkpoint_state import load_file, merge_rank_states
+from zephon.tokenize.tokenizer import load_tokenizer
 
 DEFAULT_TOKENIZER = str(
-    Path(__file__).resolve().parents[1] / "assets" / "tokenizer" / "tokenizer.json"
+    Path(__file__).resolve().parents[2] / "assets" / "tokenizer" / "tokenizer.json"
 )
 
 
@@ -90,18 +90,18 @@ def _shape(a: argparse.Namespace) -> tuple[int, int, tuple[str, ...]]:
     return a.seq_len or SEQ_LEN, a.global_batch or GLOBAL_BATCH, given
 
 
-def _schedule(recipe: Recipe, a: argparse.Namespace) -> Schedule:
+def _schedule(recipe: Recipe, a: argparse.Namespace) -> PhaseTimeline:
     seq_len, batch, given = _shape(a)
-    return resolve_schedule(recipe, seq_len, batch, given)
+    return resolve_phases(recipe, seq_len, batch, given)
 
 
 def _print_phases(
-    schedule: Schedule, sizes: list[int], micro: int | None, max_idle_share: float = 1.0
+    timeline: PhaseTimeline, sizes: list[int], micro: int | None, max_idle_share: float = 1.0
 ) -> int:
     """Each phase and its layout for each size; returns how many do not fit."""
     bad = 0
-    flush_starts = {seg.start_step for seg in schedule.segments}
-    for p in schedule.phases:
+    flush_starts = {seg.start_step for seg in timeline.segments}
+    for p in timeline.phases:
         end = f"{p.end_step}" if p.end_step is not None else "end"
         weights = " ".join(f"{n} {w / sum(p.weights):.3f}" for n, w in p.weights_by_name.items())
         cut = "" if p.start_step in flush_starts else " (batch size only: lanes go on)"
@@ -125,12 +125,12 @@ def _print_phases(
 
 def cmd_validate(a: argparse.Namespace) -> int:
     recipe = load_recipe(a.recipe)
-    schedule = _schedule(recipe, a)
+    timeline = _schedule(recipe, a)
     lanes = recipe.lanes
-    first = schedule.phases[0]
+    first = timeline.phases[0]
     layouts = (
         []
-        if schedule.named
+        if timeline.named
         else [
             plan_layout(lanes, d, first.global_batch_size, a.micro_batch, a.max_idle_share)
             for d in a.dp
@@ -155,7 +155,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
             )
         if note := layout.imbalance():
             print(f"imbalance {note}")
-    bad = _print_phases(schedule, a.dp, a.micro_batch, a.max_idle_share) if schedule.named else 0
+    bad = _print_phases(timeline, a.dp, a.micro_batch, a.max_idle_share) if timeline.named else 0
     total_w = sum(s.weight for s in recipe.sources)
     print(f"mixture   unit={recipe.mixture.unit}")
     for s in recipe.sources:
@@ -175,7 +175,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
             if plan.per_lane_walk
             else f"{plan.num_blocks} blocks of {plan.block_size}"
         )
-        weight = "" if schedule.named else f"weight {s.weight / total_w:.3f}, "
+        weight = "" if timeline.named else f"weight {s.weight / total_w:.3f}, "
         print(
             f"  {s.name}: {s.format}, {len(s.paths)} file(s), {reader.num_docs} docs, {kind}, "
             f"{weight}on_exhausted={s.on_exhausted}, {blocks}"
@@ -185,7 +185,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
         f"packing   {p.algorithm} flush_interval={p.flush_interval} rows"
         + (f" open_bins={p.open_bins}" if p.algorithm == "best_fit" else "")
     )
-    too_long = images_too_long(recipe, schedule)
+    too_long = images_too_long(recipe, timeline)
     drop = recipe.bad_records == "drop"
     for line in too_long:
         left_out = '; bad_records = "drop": such images are left out' if drop else ""
@@ -216,7 +216,7 @@ def _image_kind(s: SourceSpec) -> str:
 
 
 def _scan(recipe: Recipe, vocab_size: int, workers: int | None) -> int:
-    from zephon.scan import scan_recipe
+    from zephon.tools.scan import scan_recipe
 
     read, bad = scan_recipe(recipe, vocab_size, workers, progress=sys.stderr.isatty())
     print(f"scan      {read} records read, {len(bad)} bad")
@@ -312,12 +312,12 @@ def _row_images(batch: Batch, row: int) -> dict[int, tuple[int, str]]:
 
 def cmd_preview(a: argparse.Namespace) -> int:
     recipe = load_recipe(a.recipe)
-    schedule = _schedule(recipe, a)
-    lanes = max(p.lanes for p in schedule.phases)
+    timeline = _schedule(recipe, a)
+    lanes = max(p.lanes for p in timeline.phases)
     if not 0 <= a.lane < lanes:
         raise ZephonError(f"--lane {a.lane} is outside [0, {lanes})")
     seq_len, batch, given = _shape(a)
-    if schedule.named:  # every lane, across the phases (the lane count may change)
+    if timeline.named:  # every lane, across the phases (the lane count may change)
         loader = ZephonLoader(
             recipe, a.tokenizer, seq_len, batch, num_workers=a.workers, prefetch=0, explicit=given
         )
@@ -331,7 +331,7 @@ def cmd_preview(a: argparse.Namespace) -> int:
         while shown < a.rows:
             b = loader.next_batch()
             per = b.num_rows // len(b.digests)
-            if not schedule.named:
+            if not timeline.named:
                 rows = range(b.num_rows)  # the simulated rank's one lane
             elif a.lane < len(b.digests):
                 rows = range(per * a.lane, per * (a.lane + 1))
@@ -341,7 +341,7 @@ def cmd_preview(a: argparse.Namespace) -> int:
                 if shown == a.rows:
                     break
                 head = f"lane {a.lane} row {shown}"
-                if schedule.named:
+                if timeline.named:
                     head += f" (phase {b.phase}, step {b.step + 1})"
                 ids, pos = b.input_ids[i].tolist(), b.positions[i].tolist()
                 labels, images = b.labels[i].tolist(), _row_images(b, i)
@@ -404,13 +404,13 @@ def cmd_hash(a: argparse.Namespace) -> int:
 
 
 def cmd_mixture(a: argparse.Namespace) -> int:
-    from zephon.mixture_report import measure, plot, table
+    from zephon.tools.mixture_report import measure, plot, table
 
     recipe = load_recipe(a.recipe)
     loaders = _ranks(a, recipe, 1)
     try:
         rows = measure(
-            loaders[0].schedule, _steps(loaders, a.steps), recipe.mixture.unit == "documents"
+            loaders[0].timeline, _steps(loaders, a.steps), recipe.mixture.unit == "documents"
         )
     except StopIteration:
         raise ZephonError(f"the data ended before step {a.steps}") from None

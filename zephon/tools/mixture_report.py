@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from zephon.batch import Batch
-from zephon.phases import Schedule
+from zephon.recipe.phases import PhaseTimeline
 
 
 @dataclass
@@ -37,7 +37,7 @@ def _shares(counts: np.ndarray, names: tuple[str, ...]) -> dict[str, float]:
 
 
 def measure(
-    schedule: Schedule, steps: Iterable[list[Batch]], by_documents: bool
+    timeline: PhaseTimeline, steps: Iterable[list[Batch]], by_documents: bool
 ) -> list[MixtureRow]:
     """The rows of the report, from each step's batches of every rank."""
     rows: list[MixtureRow] = []
@@ -51,7 +51,7 @@ def measure(
         )
         assert isinstance(counts, np.ndarray)
         step = first.step + 1
-        phase = schedule.phase_at(step)
+        phase = timeline.phase_at(step)
         if not rows or rows[-1].phase != phase.name:
             phase_counts = np.zeros_like(counts)
         assert phase_counts is not None

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from zephon.feeds import Feed, FeedStart, LaneDemand, Slot
+from zephon.demand.feeds import Feed, FeedStart, LaneDemand, Slot
+from zephon.demand.long_documents import LONG_CHARS, LongDocCache
 from zephon.images.budget import ImageBytes, held_bytes
-from zephon.long_docs import LONG_CHARS, LongDocCache
 
 # The image byte budget per rank when none is set (images/budget.py).
 DEFAULT_LOOKAHEAD_BYTES = 512 << 20

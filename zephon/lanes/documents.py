@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from zephon.shuffle import SourcePlan
+from zephon.lanes.shuffle import SourcePlan
 
 
 class BlockPart(NamedTuple):
@@ -41,7 +41,7 @@ class LaneDocs(ABC):
     @abstractmethod
     def epoch_docs(self, epoch: int) -> int:
         """Documents of this lane in `epoch` (a shuffle plan deals at least one; an
-        epoch dealt at a lane-count change may have none, see zephon/deal.py)."""
+        epoch dealt at a lane-count change may have none, see zephon/state/lane_count_deal.py)."""
 
     @abstractmethod
     def num_blocks(self, epoch: int) -> int:

@@ -19,7 +19,7 @@ Versions 1 and 2 are read by `upgrade` and their fingerprints checked as they
 were written: digests over paths relative to the recipe folder
 (docs/design.md §11).
 
-A recipe with image sources adds the decode canary (zephon/images/canary.py)
+A recipe with image sources adds the decode canary (zephon/images/pixels/canary.py)
 to the fingerprint, and a resume whose canary differs is refused naming both
 machines' decoder versions: the same recipe would give other pixels there.
 """
@@ -66,7 +66,7 @@ GLOBAL_FIELDS = ("seed", "tokenizer", "tokenizer_choices", "files", "remote")
 
 
 def make_fingerprint(
-    recipe: Any, readers: Sequence[Any], tok: Any, schedule: Any, legacy: bool = False
+    recipe: Any, readers: Sequence[Any], tok: Any, timeline: Any, legacy: bool = False
 ) -> dict[str, Any]:
     """Everything that defines a run's data, for the state (see FINGERPRINT_FIELDS).
 
@@ -83,7 +83,7 @@ def make_fingerprint(
         **({"tokenizer_choices": tok.choices} if tok.choices else {}),
         "seed": recipe.seed,
     }
-    if schedule.named:
+    if timeline.named:
         fingerprint["phases"] = [
             {
                 "name": p.name,
@@ -95,10 +95,10 @@ def make_fingerprint(
                 "sources": {n: counts[n] for n in p.weights_by_name},
                 "recipe": p.identity(recipe, paths=legacy),
             }
-            for p in schedule.phases
+            for p in timeline.phases
         ]
     else:
-        (only,) = schedule.phases
+        (only,) = timeline.phases
         fingerprint.update(
             recipe=recipe.digest(paths=legacy),
             sources=counts,
@@ -118,7 +118,7 @@ def make_fingerprint(
     if remote:  # only for remote sources, so local fingerprints stay as they were
         fingerprint["remote"] = remote
     if any(s.multimodal for s in recipe.sources):  # likewise: text recipes have none
-        from zephon.images.canary import decode_canary
+        from zephon.images.pixels.canary import decode_canary
 
         fingerprint["decode_canary"] = decode_canary(recipe.image)
     return fingerprint
@@ -130,7 +130,7 @@ def check_state_data(
     recipe: Any,
     readers: Sequence[Any],
     tok: Any,
-    schedule: Any,
+    timeline: Any,
 ) -> None:
     """Refuse a state (upgraded) whose data differs from this run's `fingerprint`. An
     older state, without `files`, is checked against the digests it recorded, over
@@ -138,7 +138,7 @@ def check_state_data(
     saved = state["fingerprint"]
     current = fingerprint
     if "files" not in saved:
-        current = make_fingerprint(recipe, readers, tok, schedule, legacy=True)
+        current = make_fingerprint(recipe, readers, tok, timeline, legacy=True)
     names = {r.spec.name: [f.url for f in r.content_files()] for r in readers}
     check_fingerprint(saved, current, int(state["step"]), state.get("later_phases"), names)
 
@@ -154,7 +154,7 @@ def fingerprint_at(fingerprint: dict[str, Any], steps_done: int) -> dict[str, An
 
 def rank_state(
     fingerprint: dict[str, Any],
-    schedule: Any,
+    timeline: Any,
     step: int,
     rank: int,
     segment: Any,
@@ -166,18 +166,18 @@ def rank_state(
         "version": STATE_VERSION,
         "fingerprint": fingerprint_at(fingerprint, step),
         "step": step,
-        "rows_per_lane_per_step": schedule.phase_at(step).rows_per_lane,
+        "rows_per_lane_per_step": timeline.phase_at(step).rows_per_lane,
         "rank": rank,
         "segment_start": segment.start_step,
         "num_lanes": segment.lanes,
         "lanes": lanes,
     }
-    if schedule.named:
-        state["phase"] = schedule.phase_at(step).name
-        starting = [p.name for p in schedule.phases if p.start_step == step and step > 0]
+    if timeline.named:
+        state["phase"] = timeline.phase_at(step).name
+        starting = [p.name for p in timeline.phases if p.start_step == step and step > 0]
         if starting:
             state["boundary_of"] = starting[0]
-        later = [[p.name, p.start_step] for p in schedule.phases if p.start_step >= step]
+        later = [[p.name, p.start_step] for p in timeline.phases if p.start_step >= step]
         if later:  # not checked: names a phase whose boundary moved before `step`
             state["later_phases"] = later
     return state
@@ -273,7 +273,7 @@ def check_fingerprint(
     is checked as written: `current` must then be this run's legacy fingerprint
     (make_fingerprint(..., legacy=True)), digests over relative paths."""
     if "decode_canary" in saved and "decode_canary" in current:
-        from zephon.images.canary import canary_mismatch
+        from zephon.images.pixels.canary import canary_mismatch
 
         mismatch = canary_mismatch(saved["decode_canary"], current["decode_canary"])
         if mismatch is not None:

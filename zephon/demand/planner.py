@@ -44,10 +44,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from zephon.feeds import Feed, LaneDemand, Slot
-from zephon.lane_docs import BlockPart
-from zephon.long_docs import LONG_CHARS, LongDocCache
-from zephon.lookahead import DEFAULT_LOOKAHEAD_BYTES, Lookahead, SchedulerStats
+from zephon.demand.feeds import Feed, LaneDemand, Slot
+from zephon.demand.long_documents import LONG_CHARS, LongDocCache
+from zephon.demand.lookahead import DEFAULT_LOOKAHEAD_BYTES, Lookahead, SchedulerStats
+from zephon.lanes.documents import BlockPart
 
 
 class StepMap(Protocol):

@@ -1,6 +1,6 @@
 """The demand scheduler: the threads, the lock and the calls that do the planner's work.
 
-One `DemandScheduler` per loader reads and tokenizes documents for all lanes
+One `DemandExecutor` per loader reads and tokenizes documents for all lanes
 of the rank together. What to do next is the need planner's decision
 (planner.py); this module only does it, and hands documents to the lanes.
 
@@ -31,12 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from zephon.feeds import Feed, FeedStart, LaneDemand, Slot
-from zephon.lane_docs import BlockPart
-from zephon.lookahead import DEFAULT_LOOKAHEAD_BYTES
-from zephon.pieces import encode_documents, needs_pieces
-from zephon.planner import NeedPlanner, StepMap
-from zephon.reading import read_slots
+from zephon.demand.feeds import Feed, FeedStart, LaneDemand, Slot
+from zephon.demand.lookahead import DEFAULT_LOOKAHEAD_BYTES
+from zephon.demand.planner import NeedPlanner, StepMap
+from zephon.demand.reading import read_slots
+from zephon.lanes.documents import BlockPart
 from zephon.stage_profile import (
     CONVERT,
     IMAGE,
@@ -49,7 +48,8 @@ from zephon.stage_profile import (
     StageProfile,
     current,
 )
-from zephon.tokenize import TokenizerInfo, encode_raw, frame_ids
+from zephon.tokenize.long_pieces import encode_documents, needs_pieces
+from zephon.tokenize.tokenizer import TokenizerInfo, encode_raw, frame_ids
 
 
 @dataclass
@@ -94,7 +94,7 @@ class LockedPlanner:
     """The need planner behind the scheduler's lock: every change the loader or a
     lane makes to the plan (lanes, feeds, the step being produced, a segment) is
     made under the lock and wakes whoever may now proceed. The threads that do
-    the planned work are DemandScheduler's, below."""
+    the planned work are DemandExecutor's, below."""
 
     def __init__(
         self,
@@ -175,7 +175,7 @@ class LockedPlanner:
             return self.planner.stats_dict()
 
 
-class DemandScheduler(LockedPlanner):
+class DemandExecutor(LockedPlanner):
     """Reads and tokenizes documents for all lanes of one loader, in order of need.
 
     Args:

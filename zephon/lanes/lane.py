@@ -29,9 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from zephon.context import PipelineContext
+from zephon.demand.feeds import Feed, FeedStart, LaneDemand
 from zephon.errors import StateError
-from zephon.feeds import Feed, FeedStart, LaneDemand
 from zephon.images.documents import (
     DocImage,
     ImageDocIds,
@@ -40,12 +39,13 @@ from zephon.images.documents import (
     original_offset,
     row_images,
 )
-from zephon.lane_docs import LaneDocs
-from zephon.mixing import Mixer
-from zephon.packing import BestFitPacker, Carry, ConcatPacker, Piece, RowBuilder
-from zephon.phases import Segment
-from zephon.recipe import Recipe
-from zephon.tolerant import DroppingReader
+from zephon.lanes.documents import LaneDocs
+from zephon.lanes.mixing import Mixer
+from zephon.lanes.packing import BestFitPacker, Carry, ConcatPacker, Piece, RowBuilder
+from zephon.lanes.pipeline_context import PipelineContext
+from zephon.recipe.phases import Segment
+from zephon.recipe.spec import Recipe
+from zephon.sources.bad_records import DroppingReader
 
 
 class SourceCursor:

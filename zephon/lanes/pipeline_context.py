@@ -18,19 +18,19 @@ from typing import Any
 
 import numpy as np
 
-from zephon.deal import Record, build_lane_docs
+from zephon.demand.executor import DemandExecutor
 from zephon.errors import LayoutError
-from zephon.lane_docs import LaneDocs, PlanLaneDocs
-from zephon.packing import held_rows
-from zephon.phases import Segment, SegmentSteps
-from zephon.pieces import encode_documents
-from zephon.recipe import Recipe
-from zephon.scheduler import DemandScheduler
-from zephon.shuffle import SourcePlan
+from zephon.lanes.documents import LaneDocs, PlanLaneDocs
+from zephon.lanes.packing import held_rows
+from zephon.lanes.shuffle import SourcePlan
+from zephon.recipe.phases import Segment, SegmentSteps
+from zephon.recipe.spec import Recipe
 from zephon.sources import SourceReader
+from zephon.sources.bad_records import with_policy
 from zephon.stage_profile import StageProfile
-from zephon.tokenize import TokenizerInfo, check_token_ids
-from zephon.tolerant import with_policy
+from zephon.state.lane_count_deal import Record, build_lane_docs
+from zephon.tokenize.long_pieces import encode_documents
+from zephon.tokenize.tokenizer import TokenizerInfo, check_token_ids
 
 
 @dataclass
@@ -44,7 +44,7 @@ class PipelineContext:
     readers: list[Any]  # SourceReader, or its bad-records wrapper
     plans: list[SourcePlan]  # for the recipe's (first phase's) lane count
     tok: TokenizerInfo
-    scheduler: DemandScheduler
+    scheduler: DemandExecutor
     images: Any = None  # ImageWork (images/work.py), for recipes with image sources
     deals: dict[str, list[Record]] = field(default_factory=dict)
     _plans: dict[tuple[int, int], SourcePlan] = field(default_factory=dict)
@@ -152,7 +152,7 @@ def build_context(
         images = ImageWork(recipe.image, tok, decoders=workers, profile=profile)
     tokens, image_bytes = budgets
     unit = recipe.mixture.unit
-    scheduler = DemandScheduler(
+    scheduler = DemandExecutor(
         tok, workers, tokens, step_map(recipe, first), unit,
         budget_bytes=image_bytes, images=images, profile=profile,
     )  # fmt: skip

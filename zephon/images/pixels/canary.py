@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 
 from zephon.errors import ZephonError
-from zephon.images.decode import decode
+from zephon.images.pixels.decode import decode
 from zephon.images.prepare import prepare_image
-from zephon.recipe import ImageSpec
+from zephon.recipe.spec import ImageSpec
 
-CANARY_DIR = Path(__file__).resolve().parents[2] / "assets" / "images" / "canary"
+CANARY_DIR = Path(__file__).resolve().parents[3] / "assets" / "images" / "canary"
 CANARY_FILES = (
     "baseline_420.jpg",
     "progressive_420.jpg",

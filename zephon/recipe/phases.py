@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from zephon.errors import LayoutError, RecipeError
-from zephon.layout import Layout, plan_layout
-from zephon.recipe import Recipe
+from zephon.recipe.layout import Layout, plan_layout
+from zephon.recipe.spec import Recipe
 
 NEVER = sys.maxsize  # a step no batch of the segment reaches
 
@@ -201,7 +201,7 @@ MicroBatch = int | Callable[[Phase], int | None] | None
 
 
 @dataclass(frozen=True)
-class Schedule:
+class PhaseTimeline:
     """The resolved phases of a recipe and the segments they form."""
 
     phases: tuple[Phase, ...]
@@ -300,12 +300,12 @@ def flushes(before: Phase, after: Phase) -> bool:
     )
 
 
-def resolve_schedule(
+def resolve_phases(
     recipe: Recipe,
     seq_len: int,
     global_batch_size: int,
     explicit: Collection[str] = (),
-) -> Schedule:
+) -> PhaseTimeline:
     """The recipe's phases with every setting resolved.
 
     seq_len, global_batch_size: the job's values, the first phase's when the
@@ -319,7 +319,7 @@ def resolve_schedule(
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     if not recipe.phases:
         only = Phase(None, 0, None, global_batch_size, seq_len, recipe.lanes, base, names)
-        return Schedule((only,), named=False)
+        return PhaseTimeline((only,), named=False)
     first = recipe.phases[0]
     for key, job in (("seq_len", seq_len), ("global_batch_size", global_batch_size)):
         mine = getattr(first, key)
@@ -344,10 +344,10 @@ def resolve_schedule(
         phases.append(
             Phase(spec.name, spec.start_step, end, gbs, seq, lanes, weights, names, lanes_from)
         )
-    return Schedule(tuple(phases), named=True)
+    return PhaseTimeline(tuple(phases), named=True)
 
 
-def images_too_long(recipe: Recipe, schedule: Schedule) -> list[str]:
+def images_too_long(recipe: Recipe, timeline: PhaseTimeline) -> list[str]:
     """Each phase whose rows cannot hold the largest image `[image]` allows (its
     placeholder tokens plus start and end; an image is never split across rows),
     naming the phase, its seq_len and the tokens needed. Empty for text recipes."""
@@ -357,7 +357,7 @@ def images_too_long(recipe: Recipe, schedule: Schedule) -> list[str]:
     placeholders = image.largest_image_tokens
     needed = placeholders + 2
     out = []
-    for p in schedule.phases:
+    for p in timeline.phases:
         if needed <= p.seq_len + 1:  # a row holds seq_len + 1 tokens
             continue
         where = f"{p.label} (from step {p.start_step})" if p.name is not None else p.label

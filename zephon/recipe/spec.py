@@ -210,7 +210,7 @@ class ImageSpec:
     @property
     def largest_image_tokens(self) -> int:
         """Placeholder tokens of the largest image `max_pixels` allows (one per merge
-        window; a long thin image reaches it exactly, zephon/images/resize.py)."""
+        window; a long thin image reaches it exactly, zephon/images/pixels/resize.py)."""
         return self.max_pixels // (self.window * self.window)
 
 
@@ -218,7 +218,7 @@ class ImageSpec:
 class TokenizerSpec:
     """Overrides of the special tokens a tokenizer (file or folder) gives.
 
-    Empty / None means "as the tokenizer says"; see zephon.tokenize.load_tokenizer.
+    Empty / None means "as the tokenizer says"; see zephon.tokenize.tokenizer.load_tokenizer.
     """
 
     eos: str = ""
@@ -235,7 +235,7 @@ class TokenizerSpec:
 class PhaseSpec:
     """One `[[phase]]` table as written. None means "as the phase before"; for
     the first phase: the `[[source]]` weights, `[recipe] lanes`, and the job's
-    seq_len and global batch size (zephon/phases.py resolves the schedule).
+    seq_len and global batch size (zephon/recipe/phases.py resolves the schedule).
 
     weights: (source name, weight) pairs; a declared source left out is paused.
     """
@@ -275,7 +275,7 @@ class Recipe:
     ) -> dict[str, Any]:
         """Everything in the recipe that decides the data (execution knobs excluded),
         by the field rule of `identity_of`. `lanes` and `weights` give one phase's
-        identity (zephon/phases.py): only its active sources, with its weights, so a
+        identity (zephon/recipe/phases.py): only its active sources, with its weights, so a
         first phase equal to a recipe without phases has that recipe's identity.
 
         Where the files are is not part of it: their content is, as each file's
@@ -315,7 +315,7 @@ class Recipe:
 
     def digest(self, paths: bool = False) -> str:
         """The recipe's identity; with phases, their tables too (each phase's own
-        identity, which a checkpoint records, is zephon/phases.py's). `paths`: the
+        identity, which a checkpoint records, is zephon/recipe/phases.py's). `paths`: the
         digest over source paths relative to the recipe folder that loader states
         of version 2 and older (and the hf baseline's states) record."""
         identity = self.data_identity(paths=paths)

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from zephon.lane_docs import BlockPart, LaneDocs, PlanLaneDocs
-from zephon.shuffle import SourcePlan, keyed_permutation
+from zephon.lanes.documents import BlockPart, LaneDocs, PlanLaneDocs
+from zephon.lanes.shuffle import SourcePlan, keyed_permutation
 
 Cursor = tuple[int, int, bool]  # (epoch, documents taken, retired)
 Record = dict[str, Any]  # {"phase", "lanes_before", "lanes_after", "cursors": [[e, p, r], ...]}

@@ -28,7 +28,7 @@ import re
 
 import numpy as np
 
-from zephon.tokenize import TokenizerInfo, encode_texts
+from zephon.tokenize.tokenizer import TokenizerInfo, encode_texts
 
 PIECE_CHARS = 32_768  # texts up to twice this are encoded whole
 CALL_CHARS = 1 << 20  # characters per encode_batch call when a text is cut

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zephon.lane_docs import BlockPart, LaneDocs
-from zephon.mixing import Mixer
+from zephon.lanes.documents import BlockPart, LaneDocs
+from zephon.lanes.mixing import Mixer
 from zephon.sources.storage import is_remote
 
 if TYPE_CHECKING:
-    from zephon.lookahead import SchedulerStats
+    from zephon.demand.lookahead import SchedulerStats
 
 
 class Slot:

@@ -1,0 +1,1 @@
+"""Tokenizing: the tokenizer, its special tokens, and long documents encoded in pieces."""

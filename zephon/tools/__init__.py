@@ -1,0 +1,1 @@
+"""The `zephon` command line: validate, preview, hash, inspect, mixture, and the scan."""
