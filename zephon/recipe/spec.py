@@ -21,9 +21,9 @@ from typing import Any
 
 from zephon.errors import RecipeError, ZephonError
 
-FORMATS = ("jsonl", "parquet", "hf_disk", "hf", "tokens", "webdataset")
-# Formats whose records may hold images, and the image members a WebDataset sample may have.
-IMAGE_FORMATS = ("webdataset", "parquet", "hf_disk", "hf")
+# The source formats, their file suffixes and which may hold images or be folders come
+# from their registry, zephon/sources/formats.py (see `_formats` below).
+# The image members a WebDataset sample may have.
 WDS_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 HF_BUILDERS = ("json", "parquet", "csv", "text", "arrow")
 EXHAUSTION = ("repeat", "stop")
@@ -403,6 +403,7 @@ def _resolve_paths(
     if not patterns or not all(isinstance(p, str) and p for p in patterns):
         raise RecipeError(f"{file}: {where}.path: expected a path or a list of paths")
     found: list[str] = []
+    folders = fmt != "auto" and _formats().get_format(fmt).folders
     for pattern in patterns:
         if _is_url(pattern):
             from zephon.sources.remote import glob as remote_glob
@@ -426,7 +427,7 @@ def _resolve_paths(
                 f"(resolved against the recipe folder to {full})"
             )
         for m in matches:
-            if fmt != "hf_disk" and os.path.isdir(m):
+            if not folders and os.path.isdir(m):
                 raise RecipeError(
                     f"{file}: {where}.path: {m} is a folder; format {fmt!r} expects files "
                     "(use a glob such as 'folder/*.jsonl')"
@@ -437,22 +438,24 @@ def _resolve_paths(
     return tuple(found)
 
 
+def _formats() -> Any:
+    """The registry of source formats. Imported when a recipe is read, not with this
+    module: the format modules import this one (SourceSpec)."""
+    from zephon.sources import formats
+
+    return formats
+
+
 def _guess_format(file: str, where: str, paths: tuple[str, ...]) -> str:
     first = paths[0]
-    if os.path.isdir(first):
-        return "hf_disk"
-    if first.endswith((".jsonl", ".jsonl.gz", ".json", ".json.gz")):
-        return "jsonl"
-    if first.endswith(".parquet"):
-        return "parquet"
-    if first.endswith(".tokens.npy"):
-        return "tokens"
-    if first.endswith(".tar"):
-        return "webdataset"
-    raise RecipeError(
-        f"{file}: {where}.format: cannot guess the format of {first}; "
-        f"set format = one of {', '.join(FORMATS)}"
-    )
+    registry = _formats()
+    fmt = registry.guess_format(first)
+    if fmt is None:
+        raise RecipeError(
+            f"{file}: {where}.format: cannot guess the format of {first}; "
+            f"set format = one of {', '.join(registry.format_names())}"
+        )
+    return fmt
 
 
 def _parse_source(
@@ -464,9 +467,10 @@ def _parse_source(
         raise RecipeError(f"{file}: source[{index}].name: must not be empty")
     t.where = f"source '{name}'"
     fmt = t.get("format", str, "auto")
-    if fmt != "auto" and fmt not in FORMATS:
+    known = _formats().format_names()
+    if fmt != "auto" and fmt not in known:
         raise RecipeError(
-            f"{file}: {t.where}.format: expected one of auto, {', '.join(FORMATS)}; got {fmt!r}"
+            f"{file}: {t.where}.format: expected one of auto, {', '.join(known)}; got {fmt!r}"
         )
     storage = dict(storage_defaults)
     storage.update(t.get("storage_options", dict, {}))
@@ -514,10 +518,11 @@ def _check_image_fields(
         for k, v in (("image_field", image), ("texts_field", texts), ("images_field", images))
         if v
     ]
-    if given and fmt not in IMAGE_FORMATS:
+    image_formats = [f.name for f in _formats().registered_formats() if f.images]
+    if given and fmt not in image_formats:
         raise err(
             given[0],
-            f"format {fmt!r} holds text only; image fields need format {', '.join(IMAGE_FORMATS)}",
+            f"format {fmt!r} holds text only; image fields need format {', '.join(image_formats)}",
         )
     if token_field and (given or fmt == "webdataset"):
         raise err("token_field", "pretokenized ids cannot be combined with images")

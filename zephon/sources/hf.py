@@ -11,20 +11,26 @@ from typing import Any
 
 from zephon.errors import DataError
 from zephon.recipe.spec import SourceSpec
+from zephon.sources.formats import SourceFormat, register_format
 from zephon.sources.multimodal import TableRecords
+from zephon.sources.part import SourcePart
+from zephon.sources.storage import ByteObject, LocalObject
 from zephon.sources.values import check_value
 
 
-class HFDataset:
+class HFDataset(SourcePart):
+    """A saved dataset (`path`: its folder), or all files of a source loaded as one
+    (`path` None)."""
+
     def __init__(self, spec: SourceSpec, path: str | None, cache_dir: str):
         import datasets
 
-        self.spec = spec
+        self.spec, self.path = spec, path
         self.field = spec.token_field or spec.text_field
         label = path if path else ", ".join(spec.paths)
         self.label = label
         try:
-            if spec.format == "hf_disk":
+            if path is not None:
                 ds = datasets.load_from_disk(path)
                 if isinstance(ds, datasets.DatasetDict):
                     if "train" not in ds:
@@ -55,6 +61,12 @@ class HFDataset:
     def __len__(self) -> int:
         return len(self.ds)
 
+    def content_files(self) -> list[ByteObject]:
+        """A saved dataset's Arrow files; the files a loaded dataset was loaded from."""
+        if self.path is not None:
+            return [LocalObject(f) for f in _arrow_files(self.path)]
+        return [LocalObject(p) for p in self.spec.paths]
+
     def read(self, a: int, b: int) -> list[Any]:
         if self.records is not None:
             table = self.ds[a:b]
@@ -67,3 +79,29 @@ class HFDataset:
         return [
             check_value(v, self.spec, f"{self.label}: row {a + k}") for k, v in enumerate(values)
         ]
+
+
+def _arrow_files(folder: str) -> list[str]:
+    """A saved dataset's data files (all its files if it has no Arrow file), sorted by
+    their path inside the folder."""
+    found = sorted(
+        os.path.relpath(os.path.join(root, n), folder)
+        for root, _, names in os.walk(folder)
+        for n in names
+    )
+    data = [f for f in found if f.endswith(".arrow")] or found
+    return [os.path.join(folder, f) for f in data]
+
+
+def open_saved(spec: SourceSpec, files: list[ByteObject], cache_dir: str) -> list[HFDataset]:
+    """`format = "hf_disk"`: one part per folder saved with `save_to_disk`."""
+    return [HFDataset(spec, folder.url, cache_dir) for folder in files]
+
+
+def open_loaded(spec: SourceSpec, files: list[ByteObject], cache_dir: str) -> list[HFDataset]:
+    """`format = "hf"`: the source's files loaded as one dataset by `hf_builder`."""
+    return [HFDataset(spec, None, cache_dir)]
+
+
+register_format(SourceFormat("hf_disk", open_saved, folders=True, images=True, remote=False))
+register_format(SourceFormat("hf", open_loaded, images=True, remote=False))

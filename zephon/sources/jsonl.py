@@ -24,8 +24,10 @@ from zephon.errors import DataError
 from zephon.files import atomic_file
 from zephon.recipe.spec import SourceSpec
 from zephon.sources.cache import build_once, cache_key
+from zephon.sources.formats import SourceFormat, register_format
 from zephon.sources.gzipped import GzipRandomAccess
 from zephon.sources.gzipped import scan as gzip_scan
+from zephon.sources.part import SourcePart
 from zephon.sources.storage import ByteObject
 from zephon.sources.values import check_value
 from zephon.stage_profile import PARSE, current
@@ -133,7 +135,7 @@ class _Index:
             _write_npy(self.index_path, raw.name, count)
 
 
-class JsonlFile:
+class JsonlFile(SourcePart):
     def __init__(self, obj: ByteObject, spec: SourceSpec, cache_dir: str):
         self.obj, self.origin, self.spec = obj, obj.url, spec
         index = _Index(obj, cache_dir)
@@ -166,6 +168,9 @@ class JsonlFile:
 
     def __len__(self) -> int:
         return len(self.starts)
+
+    def content_files(self) -> list[ByteObject]:
+        return [self.obj]
 
     def _where(self, start: int) -> str:
         return f"{self.origin}:{self._line_number(start)}"
@@ -276,3 +281,13 @@ class JsonlFile:
             have = ", ".join(sorted(record)) if isinstance(record, dict) else type(record).__name__
             raise DataError(f"{self._where(start)}: no field '{field}' (record has: {have})")
         return check_value(record[field], self.spec, lambda: self._where(start))
+
+
+def open_jsonl(spec: SourceSpec, files: list[ByteObject], cache_dir: str) -> list[JsonlFile]:
+    build_indexes(files, cache_dir)  # files no other rank is indexing first
+    return [JsonlFile(obj, spec, cache_dir) for obj in files]
+
+
+register_format(
+    SourceFormat("jsonl", open_jsonl, suffixes=(".jsonl", ".jsonl.gz", ".json", ".json.gz"))
+)

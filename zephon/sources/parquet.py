@@ -19,14 +19,24 @@ import numpy as np
 
 from zephon.errors import DataError
 from zephon.recipe.spec import SourceSpec
+from zephon.sources.formats import SourceFormat, register_format
 from zephon.sources.multimodal import TableRecords
+from zephon.sources.part import SourcePart
 from zephon.sources.spans import spans
 from zephon.sources.storage import ByteObject, is_remote
 from zephon.sources.values import check_value
 from zephon.stage_profile import PARSE, current
 
 
-class ParquetFile:
+class _OpenFile(threading.local):
+    """One thread's open file and its most recently read row groups."""
+
+    def __init__(self) -> None:
+        self.file: Any = None
+        self.groups: OrderedDict[int, Any] = OrderedDict()
+
+
+class ParquetFile(SourcePart):
     _CACHE_GROUPS = 2
 
     def __init__(self, obj: ByteObject, spec: SourceSpec):
@@ -40,7 +50,7 @@ class ParquetFile:
             raise DataError(f"{self.path}: cannot open as Parquet: {exc}") from None
         rows = [meta.metadata.row_group(i).num_rows for i in range(meta.num_row_groups)]
         self.group_starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
-        self._local = threading.local()
+        self._local = _OpenFile()
         self.records = TableRecords(spec) if spec.multimodal else None
         if self.records is not None:
             self.records.check_schema(self.path, meta.schema_arrow)
@@ -66,10 +76,13 @@ class ParquetFile:
     def __len__(self) -> int:
         return int(self.group_starts[-1])
 
+    def content_files(self) -> list[ByteObject]:
+        return [self.obj]
+
     def _group(self, g: int) -> Any:
         loc = self._local
-        if not hasattr(loc, "file"):
-            loc.file, loc.groups = self._open(), OrderedDict()
+        if loc.file is None:
+            loc.file = self._open()
         if g not in loc.groups:
             if self.records is not None:
                 table = loc.file.read_row_group(g, columns=self.records.columns)
@@ -134,3 +147,10 @@ class ParquetFile:
                 for k, v in enumerate(group[lo - g_start : take - g_start]):
                     out.append(check_value(v, self.spec, f"{self.path}: row {lo + k}"))
         return out
+
+
+def open_parquet(spec: SourceSpec, files: list[ByteObject], cache_dir: str) -> list[ParquetFile]:
+    return [ParquetFile(obj, spec) for obj in files]
+
+
+register_format(SourceFormat("parquet", open_parquet, suffixes=(".parquet",), images=True))

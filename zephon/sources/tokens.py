@@ -16,6 +16,9 @@ from typing import Any
 import numpy as np
 
 from zephon.errors import DataError
+from zephon.recipe.spec import SourceSpec
+from zephon.sources.formats import SourceFormat, register_format
+from zephon.sources.part import SourcePart
 from zephon.sources.storage import ByteObject, is_remote, open_object
 from zephon.sources.values import check_token_array
 
@@ -69,7 +72,7 @@ class NpyArray:
         return np.frombuffer(raw, dtype=self.dtype)
 
 
-class TokenArrayFile:
+class TokenArrayFile(SourcePart):
     def __init__(
         self, obj: ByteObject, storage: dict[str, Any] | None = None, cache_dir: str | None = None
     ):
@@ -95,6 +98,9 @@ class TokenArrayFile:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
+    def content_files(self) -> list[ByteObject]:
+        return [self.tokens.obj, self.offsets.obj]
+
     def read(self, a: int, b: int) -> list[np.ndarray]:
         offsets = self.offsets.slice(a, b + 1).astype(np.int64)
         if np.any(offsets[1:] < offsets[:-1]):
@@ -108,3 +114,11 @@ class TokenArrayFile:
         check_token_array(values, "tokens", lambda: f"{self.path}: documents {a} to {b - 1}")
         rel = offsets - lo
         return [values[rel[k] : rel[k + 1]] for k in range(b - a)]
+
+
+def open_tokens(spec: SourceSpec, files: list[ByteObject], cache_dir: str) -> list[TokenArrayFile]:
+    storage = spec.storage_options  # for each offsets file, opened beside its tokens
+    return [TokenArrayFile(obj, storage, cache_dir) for obj in files]
+
+
+register_format(SourceFormat("tokens", open_tokens, suffixes=(TOKENS_SUFFIX,)))

@@ -30,7 +30,9 @@ from zephon.errors import DataError
 from zephon.files import atomic_file
 from zephon.recipe.spec import WDS_IMAGE_EXTS, SourceSpec
 from zephon.sources.cache import build_once, cache_key
+from zephon.sources.formats import SourceFormat, register_format
 from zephon.sources.multimodal import ImageSegment, MultimodalDoc, TextSegment
+from zephon.sources.part import SourcePart
 from zephon.sources.storage import ByteObject
 
 SLOTS = (*WDS_IMAGE_EXTS, "txt", "json")  # member kinds the index records
@@ -119,7 +121,7 @@ def _write_index(obj: ByteObject, path: str) -> None:
         np.save(f, index)
 
 
-class TarShard:
+class TarShard(SourcePart):
     """One shard: its samples by index, read as MultimodalDocs."""
 
     def __init__(self, obj: ByteObject, spec: SourceSpec, cache_dir: str):
@@ -134,6 +136,9 @@ class TarShard:
 
     def __len__(self) -> int:
         return len(self.index)
+
+    def content_files(self) -> list[ByteObject]:
+        return [self.obj]
 
     def read(self, a: int, b: int) -> list[MultimodalDoc]:
         return self.read_docs(list(range(a, b)))
@@ -232,3 +237,10 @@ class TarShard:
                 f"got {type(record[field]).__name__}"
             )
         return record[field]
+
+
+def open_webdataset(spec: SourceSpec, files: list[ByteObject], cache_dir: str) -> list[TarShard]:
+    return [TarShard(obj, spec, cache_dir) for obj in files]
+
+
+register_format(SourceFormat("webdataset", open_webdataset, suffixes=(".tar",), images=True))
