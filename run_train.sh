@@ -10,8 +10,8 @@
 # rendezvous. Workers restart on a failure (MAX_RESTARTS failures within any
 # RESTART_WINDOW seconds, default 3 per 3600 for such launches, 0 for one node) or
 # when a node joins, and resume from the newest complete checkpoint at the new size.
-# RDZV_CONF, MONITOR_INTERVAL and SHUTDOWN_TIMEOUT tune the rendezvous (see the
-# README). SIGTERM/SIGUSR1/Ctrl-C: the job saves the step in flight and exits
+# RDZV_CONF, MONITOR_INTERVAL and SHUTDOWN_TIMEOUT tune the rendezvous (see
+# docs/unattended.md). SIGTERM/SIGUSR1/Ctrl-C: the job saves the step in flight and exits
 # PREEMPT_EXIT_CODE (default 3); a second signal stops at once with that status.
 # Extra arguments go to the trainer as --section.field overrides.
 set -euo pipefail

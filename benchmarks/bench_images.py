@@ -56,8 +56,8 @@ Where the pixel hash is paid: the thread that decoded the image hashes it
 (a)'s parallel work and of (b)'s first figure.
 
 Writes the raw results (`--json`, default docs/results/bench_images.json),
-the table beside it (.md) and, for the committed results, the README figures
-between its `bench_images` markers. `--quick` runs in seconds (small corpora,
+the table beside it (.md) and, for the committed results, the figures between
+the `bench_images` markers of docs/results.md (QUOTED_IN). `--quick` runs in seconds (small corpora,
 one round, one epoch); the default takes about twenty minutes.
 
     .venv/bin/python benchmarks/bench_images.py [--quick] [--json PATH]
@@ -82,13 +82,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_pipeline import quote_in_readme, script_module
+from bench_pipeline import quote_in_page, script_module
 
 REPO = Path(__file__).resolve().parents[1]
 sample_images = script_module("sample_images")  # the sample generator, scripts/
 
 TOKENIZER = REPO / "assets" / "tokenizer" / "tokenizer.json"
 RESULTS = REPO / "docs" / "results" / "bench_images.json"
+# The documentation page whose `<!-- NAME:begin/end -->` markers quote this benchmark's summary.
+QUOTED_IN = "docs/results.md"
 SEED = 31_337
 PER_SHARD = 250
 GLOBAL_BATCH, LANES = 32, 8
@@ -567,7 +569,7 @@ def cpu_table(r: dict[str, Any]) -> str:
 
 
 def table(doc: dict[str, Any]) -> str:
-    """The figures the README quotes: one table per corpus."""
+    """The figures QUOTED_IN quotes: one table per corpus."""
     return "\n".join(corpus_table(name, r) for name, r in doc["corpora"].items())
 
 
@@ -653,7 +655,7 @@ def publish(path: Path) -> int:
     doc = json.loads(path.read_text())
     path.with_suffix(".md").write_text(page(doc))
     if path.resolve() == RESULTS.resolve():
-        quote_in_readme("bench_images", table(doc))
+        quote_in_page(QUOTED_IN, "bench_images", table(doc))
     print(page(doc), end="")
     return 0
 

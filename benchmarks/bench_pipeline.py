@@ -40,7 +40,7 @@ noisy:
 
 3. State size. Bytes of `json.dumps(merge_rank_states([state_dict()]))`.
 
-The sustained-throughput figures the README quotes come from
+The sustained-throughput figures docs/results.md quotes come from
 `bench_throughput.py`, over windows of about 16 M tokens at 1, 8 and 64 lanes;
 the short default window here (2 M tokens) charges the start-up and the
 lookahead past its end to a few steps, so its ratio reads lower.
@@ -134,17 +134,19 @@ def script_module(name: str) -> ModuleType:
     return module
 
 
-def quote_in_readme(name: str, text: str) -> None:
-    """Put `text` between the README's `<!-- name:begin -->` and `<!-- name:end -->`
-    markers (figures the README quotes are written by their script, never by hand);
-    nothing happens when the README has no such markers. (scripts/ has the same
-    helper in train_harness.py: the two folders do not import each other.)"""
-    readme = REPO / "README.md"
-    body = readme.read_text()
+def quote_in_page(page: str, name: str, text: str) -> None:
+    """Put `text` between the `<!-- name:begin -->` and `<!-- name:end -->` markers of
+    `page`, a documentation page given relative to the repository (each benchmark
+    names its page as QUOTED_IN): figures the docs quote are written by their script,
+    never by hand. Nothing happens when the page or its markers are missing.
+    (scripts/ has the same helper in train_harness.py: the two folders do not import
+    each other.)"""
+    path = REPO / page
+    body = path.read_text() if path.is_file() else ""
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     if begin in body and end in body:
         head, rest = body.split(begin, 1)
-        readme.write_text(head + begin + "\n" + text + rest[rest.index(end) :])
+        path.write_text(head + begin + "\n" + text + rest[rest.index(end) :])
 
 
 def loadavg() -> str:

@@ -42,7 +42,7 @@ Corpora:
     python benchmarks/bench_throughput.py --quick    # smoke run
 
 Writes <out>.json (raw figures) and <out>.md; the committed results
-(docs/results/bench_throughput) are also quoted in the README.
+(docs/results/bench_throughput) are also quoted in docs/results.md.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 # `python benchmarks/bench_throughput.py` puts benchmarks/ first on sys.path.
-from bench_pipeline import batch_tokens, loadavg, machine_info, quote_in_readme, script_module
+from bench_pipeline import batch_tokens, loadavg, machine_info, quote_in_page, script_module
 from bench_scale import make_corpus
 
 from zephon import Recipe, TokenizerInfo, ZephonLoader, load_recipe, load_tokenizer
@@ -68,6 +68,8 @@ from zephon.sources.gzipped import clear_chunk_cache
 from zephon.stage_profile import STAGES, per_token
 
 REPO = Path(__file__).resolve().parents[1]
+# The documentation page whose `<!-- NAME:begin/end -->` markers quote this benchmark's summary.
+QUOTED_IN = "docs/results.md"
 RECIPE_NAMES = {"long": "long-docs"}  # as the committed figures had it
 CORPUS_LANES = {"sample": [1, 8, 64], "long": [1, 8, 64], "web": [8], "mix": [8]}
 
@@ -327,7 +329,7 @@ def publish(out: Path, result: dict[str, Any]) -> None:
     out.with_suffix(".md").write_text(text)
     print(text)
     if out.resolve() == (REPO / "docs" / "results" / "bench_throughput").resolve():
-        quote_in_readme("bench_throughput", text)
+        quote_in_page(QUOTED_IN, "bench_throughput", text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ For each loader (Zephon, and the conventional per-rank ``hf`` baseline):
    reference.
 
 Prints a table, writes ``loss_curves.png``, ``results.json`` (raw) and
-``results.md`` (the README's table, generated from the JSON) into ``--out``
+``results.md`` (the table docs/results.md shows, generated from the JSON) into ``--out``
 and exits 1 if any Zephon resume logged a different global batch than the
 reference at any step after k (2 for unusable arguments). Runs go one at a
 time on CPU (gloo, ``OMP_NUM_THREADS=1`` per process).
@@ -130,7 +130,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def markdown_table(results: dict[str, Any]) -> str:
-    """The README's table, from the raw results (never assembled by hand)."""
+    """The table of the results page, from the raw results (never assembled by hand)."""
     lines = [
         "| loader | resume size | steps after k with the reference digest "
         "| first differing step | max abs loss difference |",

@@ -36,11 +36,11 @@ For each scenario: the world sizes (processes) the job formed at before and afte
 the fault, whether every step's global-batch digest equals the data's (a one-rank
 Zephon loader: what any process count must log), steps lost (trained before the
 fault, not in the checkpoint resumed from), seconds from the fault to the next
-trained step (metrics.jsonl times) against the bound the README states, and orphans
-(processes of the run still alive after it ended). Writes `elastic_scenarios.json`
-and `.md` (generated from the JSON; `--render JSON`, which also rewrites the
-README's copy for the committed JSON) under --results; exits 1 if any scenario
-fails.
+trained step (metrics.jsonl times) against the bound docs/unattended.md states,
+and orphans (processes of the run still alive after it ended). Writes
+`elastic_scenarios.json` and `.md` (generated from the JSON; `--render JSON`, which
+also rewrites the copy in docs/unattended.md, QUOTED_IN, for the committed JSON)
+under --results; exits 1 if any scenario fails.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ from train_harness import (
     etcd_server,
     immutable,
     pick_scenarios,
-    quote_in_readme,
+    quote_in_page,
     read_metrics,
     render_results,
 )
@@ -74,6 +74,8 @@ from torchtitan.distributed.utils import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results" / "elastic_scenarios.json"
+# The documentation page whose `<!-- NAME:begin/end -->` markers quote this script's summary.
+QUOTED_IN = "docs/unattended.md"
 
 STEPS, INTERVAL = 16, 4
 LONG_STEPS = 40  # the scenarios that need a longer run (the restart budget's window)
@@ -751,16 +753,16 @@ def report(doc: dict[str, Any]) -> str:
     )
 
 
-def readme_summary(doc: dict[str, Any]) -> str:
-    """The README's copy of the results: the time taken and the table."""
+def quoted_summary(doc: dict[str, Any]) -> str:
+    """The copy of the results QUOTED_IN quotes: the time taken and the table."""
     return f"Here ({doc['wall_s']:.0f} s in all):\n\n" + table(doc) + "\n"
 
 
 def render(path: Path) -> int:
-    """The page beside a results JSON and, for the committed one, the README's copy."""
+    """The page beside a results JSON and, for the committed one, the copy in QUOTED_IN."""
     code = render_results(path, report)
     if code == 0 and path.resolve() == RESULTS.resolve():
-        quote_in_readme("elastic_scenarios", readme_summary(json.loads(path.read_text())))
+        quote_in_page(QUOTED_IN, "elastic_scenarios", quoted_summary(json.loads(path.read_text())))
     return code
 
 

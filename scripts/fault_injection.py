@@ -32,8 +32,9 @@ Each seed draws its own kill moments and save steps; every scenario runs
 `--trials` times per seed, one seed after another, all against one reference
 run. Prints a table (scenario, trials, outcome), writes the raw results to
 `--results` (default docs/results/fault_injection.json) and, generated from
-them, the table beside it (.md) and, for the committed results, the README's
-copy between its `fault_injection` markers (`--render JSON` regenerates them).
+them, the table beside it (.md) and, for the committed results, the copy
+between the `fault_injection` markers of docs/unattended.md (QUOTED_IN;
+`--render JSON` regenerates them).
 Run folders go under --out. Exits 1 if any resume trained on wrong data or any
 damage was accepted silently (2 for any other unexpected outcome).
 """
@@ -58,12 +59,14 @@ from train_harness import (
     REPO,
     ensure_sample_data,
     pick_scenarios,
-    quote_in_readme,
+    quote_in_page,
     read_metrics,
     render_results,
 )
 
 RESULTS = REPO / "docs" / "results" / "fault_injection.json"
+# The documentation page whose `<!-- NAME:begin/end -->` markers quote this script's summary.
+QUOTED_IN = "docs/unattended.md"
 
 STEPS, INTERVAL = 8, 2
 BASE = {
@@ -502,10 +505,12 @@ def report(doc: dict[str, Any]) -> str:
 
 
 def render(path: Path) -> int:
-    """The page beside a results JSON and, for the committed one, the README's table."""
+    """The page beside a results JSON and, for the committed one, the table in QUOTED_IN."""
     code = render_results(path, report)
     if code == 0 and path.resolve() == RESULTS.resolve():
-        quote_in_readme("fault_injection", table(json.loads(path.read_text())["results"]) + "\n")
+        quote_in_page(
+            QUOTED_IN, "fault_injection", table(json.loads(path.read_text())["results"]) + "\n"
+        )
     return code
 
 

@@ -24,7 +24,8 @@ below hf's, whose batches themselves depend on the process count.
 Writes the raw results to ``--results`` (default
 ``docs/results/gpu_count_sensitivity.json``) and, generated from them, the table
 beside it (``.md``), the figure (``_val_loss.png``) and, for the committed
-results, the README's summary between its ``gpu_count_sensitivity`` markers;
+results, the summary between the ``gpu_count_sensitivity`` markers of
+``docs/results.md`` (``QUOTED_IN``);
 ``--render JSON`` regenerates all of it from a JSON without training. The runs'
 folders go under ``--out``. Exits 1 if a run fails, or if the Zephon runs did not
 all see the same global batches (digests), which is the invariant the
@@ -57,7 +58,7 @@ from train_harness import (
     overrides,
     parse_loaders,
     parse_sizes,
-    quote_in_readme,
+    quote_in_page,
     read_metrics,
     read_validation,
     render_results,
@@ -68,6 +69,8 @@ from zephon import LayoutError, plan_layout
 
 CONFIG = REPO / "train_configs" / "llama3_debugmodel.toml"
 RESULTS = REPO / "docs" / "results" / "gpu_count_sensitivity.json"
+# The documentation page whose `<!-- NAME:begin/end -->` markers quote this script's summary.
+QUOTED_IN = "docs/results.md"
 
 
 @dataclass
@@ -371,8 +374,9 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def readme_summary(doc: dict[str, Any]) -> str:
-    """The README's short table and its reading, every figure taken from the results."""
+def quoted_summary(doc: dict[str, Any]) -> str:
+    """The short table and its reading that QUOTED_IN quotes, every figure taken from
+    the results."""
     cfg, floor = doc["config"], doc["noise_floor"]
     sizes, table = cfg["sizes"], main_table(doc)
     lines = [
@@ -493,14 +497,14 @@ def plot(doc: dict[str, Any], path: Path) -> None:
 
 def publish(path: Path) -> int:
     """Every page of a results JSON: the table beside it, the figure, and for the
-    committed results the README's summary. Exit status 2 if the JSON is unreadable."""
+    committed results the summary in QUOTED_IN. Exit status 2 if the JSON is unreadable."""
     code = render_results(path, markdown)
     if code:
         return code
     doc = json.loads(path.read_text())
     plot(doc, path.with_name(path.stem + "_val_loss.png"))
     if path.resolve() == RESULTS.resolve():
-        quote_in_readme("gpu_count_sensitivity", readme_summary(doc))
+        quote_in_page(QUOTED_IN, "gpu_count_sensitivity", quoted_summary(doc))
     return 0
 
 

@@ -19,8 +19,8 @@ the LR decay spanning the anneal (`lr_scheduler.decay_phase`):
 Every resumed or branched run must log its branch's uninterrupted digests at
 every step, and losses within 1e-5 (relative). Writes
 docs/results/phases_demo.json (raw), .md (generated from it), _curves.png (loss
-per branch, realised mixture against the schedule per branch) and the README's
-summary between its `phases_demo` markers; `--render JSON` regenerates them
+per branch, realised mixture against the schedule per branch) and the summary
+between the `phases_demo` markers of docs/phases.md (QUOTED_IN); `--render JSON` regenerates them
 without training. Exits 1 if a digest or loss check fails.
 
     .venv/bin/python scripts/phases_demo.py [--out docs/results]
@@ -41,7 +41,7 @@ from train_harness import (
     compare,
     copy_checkpoint,
     ensure_sample_data,
-    quote_in_readme,
+    quote_in_page,
     read_metrics,
     read_validation,
     render_results,
@@ -50,6 +50,8 @@ from train_harness import (
 
 RECIPE = REPO / "train_configs" / "data" / "sample_phases.toml"
 RESULTS = REPO / "docs" / "results" / "phases_demo.json"
+# The documentation page whose `<!-- NAME:begin/end -->` markers quote this script's summary.
+QUOTED_IN = "docs/phases.md"
 STEPS, BOUNDARY, MID, LOSS_RTOL = 60, 40, 50, 1e-5
 MIX_A = "{ prose = 0.3, code = 0.2, curated = 0.5 }"
 MIX_B = "{ prose = 0.2, code = 0.6, curated = 0.2 }"
@@ -163,7 +165,7 @@ def _mix(shares: dict[str, float]) -> str:
 
 
 def table(doc: dict[str, Any]) -> str:
-    """The runs table and the mixture per phase (the README quotes these)."""
+    """The runs table and the mixture per phase (QUOTED_IN quotes these)."""
     cfg, prefix = doc["config"], doc["prefix"]
     lines = [
         "| run | processes | starts from | steps | digests equal to its branch "
@@ -251,14 +253,14 @@ def plot(doc: dict[str, Any], path: Path) -> None:
 
 def publish(path: Path) -> int:
     """The page and figure beside a results JSON, and for the committed results
-    the README's summary. Exit status 2 if the JSON is unreadable."""
+    the summary in QUOTED_IN. Exit status 2 if the JSON is unreadable."""
     code = render_results(path, page)
     if code:
         return code
     doc = json.loads(path.read_text())
     plot(doc, path.with_name(path.stem + "_curves.png"))
     if path.resolve() == RESULTS.resolve():
-        quote_in_readme("phases_demo", table(doc))
+        quote_in_page(QUOTED_IN, "phases_demo", table(doc))
     return 0
 
 

@@ -207,16 +207,17 @@ def render_results(path: Path, page: Callable[[dict[str, Any]], str]) -> int:
     return 0
 
 
-def quote_in_readme(name: str, text: str) -> None:
-    """Put `text` between the README's `<!-- name:begin -->` and `<!-- name:end -->`
-    markers (figures the README quotes are written by their script, never by hand);
-    nothing happens when the README has no such markers."""
-    readme = REPO / "README.md"
-    body = readme.read_text()
+def quote_in_page(page: str, name: str, text: str) -> None:
+    """Put `text` between the `<!-- name:begin -->` and `<!-- name:end -->` markers of
+    `page`, a documentation page given relative to the repository (each script names
+    its page as QUOTED_IN): figures the docs quote are written by their script, never
+    by hand. Nothing happens when the page or its markers are missing."""
+    path = REPO / page
+    body = path.read_text() if path.is_file() else ""
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     if begin in body and end in body:
         head, rest = body.split(begin, 1)
-        readme.write_text(head + begin + "\n" + text + rest[rest.index(end) :])
+        path.write_text(head + begin + "\n" + text + rest[rest.index(end) :])
 
 
 def results_args(doc: str) -> argparse.Namespace:

@@ -23,8 +23,8 @@ against the same captions with the images shuffled.
 Target: the loss with the right image at least 10% below the shuffled one.
 Writes the raw results (`--results`, default
 docs/results/vlm_caption_probe.json), the page beside it (.md) and, for the
-committed results, the README summary between its `vlm_caption_probe`
-markers; `--render JSON` regenerates those from a JSON. Exit status 1 when
+committed results, the summary between the `vlm_caption_probe` markers of
+docs/images.md (QUOTED_IN); `--render JSON` regenerates those from a JSON. Exit status 1 when
 the target is missed.
 
     .venv/bin/python scripts/vlm_caption_probe.py                  # about 10 minutes
@@ -47,11 +47,13 @@ from typing import Any
 import numpy as np
 import sample_images
 import torch
-from train_harness import REPO, quote_in_readme, read_metrics, render_results, run_logged
+from train_harness import REPO, quote_in_page, read_metrics, render_results, run_logged
 
 CONFIG = REPO / "train_configs" / "vlm_caption_probe.toml"
 TOKENIZER = REPO / "assets" / "tokenizer" / "tokenizer.json"
 RESULTS = REPO / "docs" / "results" / "vlm_caption_probe.json"
+# The documentation page whose `<!-- NAME:begin/end -->` markers quote this script's summary.
+QUOTED_IN = "docs/images.md"
 # Seeds of the probe's corpus: neither is the sample corpus's, and they differ,
 # so no held-out scene is drawn in training.
 TRAIN_SEED, HELDOUT_SEED = 1_000_001, 2_000_002
@@ -290,7 +292,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(doc: dict[str, Any]) -> str:
-    """The figures the README quotes."""
+    """The figures QUOTED_IN quotes."""
     p, t, c = doc["probe"], doc["training"], doc["config"]
     verdict = "target met" if doc["passed"] else "target missed"
     return (
@@ -327,12 +329,12 @@ def page(doc: dict[str, Any]) -> str:
 
 
 def publish(path: Path) -> int:
-    """The page beside a results JSON and, for the committed results, the README's
-    summary. Exit status 2 if the JSON is unreadable."""
+    """The page beside a results JSON and, for the committed results, the summary
+    in QUOTED_IN. Exit status 2 if the JSON is unreadable."""
     code = render_results(path, page)
     if code or path.resolve() != RESULTS.resolve():
         return code
-    quote_in_readme("vlm_caption_probe", table(json.loads(path.read_text())))
+    quote_in_page(QUOTED_IN, "vlm_caption_probe", table(json.loads(path.read_text())))
     return 0
 
 

@@ -1,5 +1,5 @@
-"""Every table under docs/results (and its copy in the README) is generated from
-the raw JSON committed beside it.
+"""Every table under docs/results (and its copy on a documentation page) is
+generated from the raw JSON committed beside it.
 
 Rendering each committed JSON with the function of the script that wrote it
 gives the committed page byte for byte, so a table edited by hand, a JSON
@@ -76,35 +76,50 @@ def test_page_is_its_json_rendered(name: str) -> None:
     assert PAGES[NAMES.get(name, name)](doc) == (RESULTS / f"{name}.md").read_text()
 
 
-def readme_block(marker: str) -> str:
-    body = (REPO / "README.md").read_text()
+def quoted_block(page: str, marker: str) -> str:
+    body = (REPO / page).read_text()
     found = re.search(f"<!-- {marker}:begin -->\n(.*?)<!-- {marker}:end -->", body, re.S)
-    assert found, f"README has no {marker} markers"
+    assert found, f"{page} has no {marker} markers"
     return found.group(1)
 
 
-@pytest.mark.parametrize(
-    ("marker", "summary"),
-    [
-        ("bench_throughput", bench_throughput.render),
-        ("bench_scale", bench_scale.render),
-        ("fault_injection", lambda doc: fault_injection.table(doc["results"]) + "\n"),
-        ("gpu_count_sensitivity", gpu_count_sensitivity.readme_summary),
-        ("phases_demo", phases_demo.table),
-        ("elastic_scenarios", elastic_scenarios.readme_summary),
-        ("vlm_caption_probe", vlm_caption_probe.table),
-        ("bench_images", bench_images.table),
-    ],
-)
-def test_readme_figures_are_generated(marker: str, summary: Callable[[Any], str]) -> None:
+# marker -> (the script's module, whose QUOTED_IN names the page, and its summary)
+QUOTED: dict[str, tuple[Any, Callable[[Any], str]]] = {
+    "bench_throughput": (bench_throughput, bench_throughput.render),
+    "bench_scale": (bench_scale, bench_scale.render),
+    "fault_injection": (fault_injection, lambda doc: fault_injection.table(doc["results"]) + "\n"),
+    "gpu_count_sensitivity": (gpu_count_sensitivity, gpu_count_sensitivity.quoted_summary),
+    "phases_demo": (phases_demo, phases_demo.table),
+    "elastic_scenarios": (elastic_scenarios, elastic_scenarios.quoted_summary),
+    "vlm_caption_probe": (vlm_caption_probe, vlm_caption_probe.table),
+    "bench_images": (bench_images, bench_images.table),
+}
+
+
+@pytest.mark.parametrize("marker", sorted(QUOTED))
+def test_quoted_figures_are_generated(marker: str) -> None:
+    """The copy between a page's markers is the script's summary of the committed
+    JSON, on the page the script writes to (its QUOTED_IN), and on no other page."""
+    module, summary = QUOTED[marker]
     doc = json.loads((RESULTS / f"{marker}.json").read_text())
-    assert readme_block(marker) == summary(doc)
+    assert quoted_block(module.QUOTED_IN, marker) == summary(doc)
+    elsewhere = [
+        str(p.relative_to(REPO))
+        for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+        if f"<!-- {marker}:begin -->" in p.read_text() and p != REPO / module.QUOTED_IN
+    ]
+    assert not elsewhere, f"{marker} is quoted outside {module.QUOTED_IN}: {elsewhere}"
+
+
+def doc_pages() -> dict[Path, str]:
+    return {p: p.read_text() for p in [REPO / "README.md", *(REPO / "docs").glob("*.md")]}
 
 
 def test_render_commands_rewrite_the_page(tmp_path: Path) -> None:
     """The scripts' --render entry points write the same page beside a JSON copy
-    (and leave the README alone for a JSON that is not the committed one)."""
-    readme = (REPO / "README.md").read_text()
+    (and leave the README and docs pages alone for a JSON that is not the committed
+    one)."""
+    pages = doc_pages()
     entry = {
         "elastic_resume": elastic_resume_demo.render,
         "fault_injection": fault_injection.render,
@@ -119,4 +134,4 @@ def test_render_commands_rewrite_the_page(tmp_path: Path) -> None:
         assert copy.with_suffix(".md").read_text() == (RESULTS / f"{name}.md").read_text()
     assert (tmp_path / "gpu_count_sensitivity_val_loss.png").stat().st_size > 10_000
     assert (tmp_path / "phases_demo_curves.png").stat().st_size > 10_000
-    assert (REPO / "README.md").read_text() == readme
+    assert doc_pages() == pages
