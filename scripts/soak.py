@@ -74,6 +74,14 @@ RDZV_CONF = (
 )
 
 
+def parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
 class Cluster:
     """Three nodes of one process each, as a scheduler sees them: launch, kill, signal."""
 
@@ -137,10 +145,10 @@ class Cluster:
         job.wait(30)
         self.nodes[node] = None
 
-    def ranks(self) -> list[int]:
-        """The pids of the trainer processes of the nodes alive now."""
+    def ranks(self, nodes: list[int] | None = None) -> list[int]:
+        """The pids of the trainer processes of the nodes alive now (or of `nodes`)."""
         out = []
-        for n in self.alive():
+        for n in self.alive() if nodes is None else nodes:
             job = self.nodes[n]
             for pid in job.tree() if job is not None else []:
                 try:
@@ -149,7 +157,8 @@ class Cluster:
                     continue
                 if b"torchtitan.train" in cmd and b"torch.distributed.run" not in cmd:
                     out.append(pid)
-        return out
+        # A trainer's own children (a fork inherits its command line) are not ranks.
+        return [pid for pid in out if parent(pid) not in out]
 
     def wait_all(self, timeout: float) -> list[int | None]:
         codes = []
@@ -246,10 +255,22 @@ def inject(cluster: Cluster, kind: str, rng: random.Random, timeout: float) -> d
             os.kill(pid, signal.SIGUSR1)
         return {**rec, **requeue_or_operator(cluster, kind, timeout)}
     if kind == "double_sigterm_rank":
-        pid = rng.choice(cluster.ranks())
+        # One node's rank is stopped at once (exit 3); the others go on elastically,
+        # so the scheduler requeues that node alone, as it would a preempted node.
+        node = rng.choice(cluster.alive())
+        (pid,) = cluster.ranks([node])
         os.kill(pid, signal.SIGTERM)
         time.sleep(0.2)
         os.kill(pid, signal.SIGTERM)
+        job = cluster.nodes[node]
+        assert job is not None
+        code = job.wait(timeout)
+        rec.update(node=node, exits=[code])
+        if cluster.alive():
+            rec["relaunched_by"] = "scheduler (exit 3, this node)" if code == REQUEUE else None
+            if code == REQUEUE:
+                cluster.launch(node)
+            return rec
         return {**rec, **requeue_or_operator(cluster, kind, timeout)}
     if kind == "checkpoint_readonly":
         folder = dump / "checkpoint"
@@ -332,7 +353,10 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             print(f"[soak] {i + 1}/{len(kinds)} {kind}: {json.dumps(rec)}", flush=True)
             if nxt is None:
                 break
-        # The end of the soak: a preemption warning to every launcher, the job saves.
+        # The end of the soak: a node that stayed away comes back, then a preemption
+        # warning to every launcher; the job saves.
+        for n in [n for n, j in cluster.nodes.items() if j is None]:
+            cluster.launch(n)
         wait_healthy(cluster, steps_now(dump), a.run_timeout)
         for n in cluster.alive():
             job = cluster.nodes[n]
