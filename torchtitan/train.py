@@ -43,7 +43,7 @@ from torchtitan.components.optimizer import build_optimizer
 from torchtitan.components.source_metrics import global_source_counts, scheduled_shares
 from torchtitan.components.validation import validation_loss
 from torchtitan.config.job_config import ConfigError, JobConfig, load_job_config
-from torchtitan.datasets.dataloader import TrainDataLoader, check_data_startup
+from torchtitan.datasets.dataloader import TrainDataLoader, check_data_startup, describe_work
 from torchtitan.datasets.phase_timeline import DataTimeline, micro_rows
 from torchtitan.distributed.device_io import to_device
 from torchtitan.distributed.mesh import ParallelDims, ParallelMesh
@@ -146,7 +146,8 @@ class Trainer:
         )
 
     def _loader(self, recipe: str | None = None) -> TrainDataLoader:
-        """This rank's loader at its data-parallel coordinate (TP peers share one)."""
+        """This rank's loader at its data-parallel coordinate: TP peers share one,
+        run by TP rank 0, which broadcasts each batch to the others (collective)."""
         m = self.mesh
         return TrainDataLoader.from_config(
             self.cfg, m.dp_rank, m.dp_size, recipe, for_validation=recipe is not None,
@@ -291,6 +292,7 @@ class Trainer:
         self.ckpt.wait()  # an asynchronous save still in flight becomes a resume point
         if cfg.validation.enable and (val_freq <= 0 or self.step % val_freq):
             self._log_validation()
+        logger.info(describe_work(self.data.work_summary()))  # collective
         logger.info(f"training done at step {self.step}")
         return 0
 

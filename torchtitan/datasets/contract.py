@@ -39,7 +39,9 @@ class TrainBatch(Protocol):
 
 @runtime_checkable
 class RankLoader(Protocol):
-    """One data-parallel rank's loader (tensor-parallel peers each hold an equal one)."""
+    """One data-parallel rank's loader. Tensor-parallel peers share one: the
+    peer that loads wraps it, the others receive its batches and implement this
+    contract without a loader (`coordinate_loader.py`)."""
 
     @property
     def source_names(self) -> tuple[str, ...]:
@@ -76,8 +78,14 @@ class RankLoader(Protocol):
 
     def dropped_records(self) -> int | None:
         """Bad records this rank dropped so far; None when this loader does not
-        drop records (the same answer on every rank, so the glue can skip the
-        collective consistently)."""
+        drop records (the same answer on every rank of a data-parallel group, so
+        the glue can skip the collective consistently)."""
+        ...
+
+    def work_done(self) -> dict[str, int]:
+        """Counts of the work this process did for the data so far, by name
+        (`tokens_tokenized`, `docs_tokenized`, `images_decoded`, broadcast bytes);
+        the glue sums each name over the job. Empty when nothing is counted."""
         ...
 
     def close(self) -> None:

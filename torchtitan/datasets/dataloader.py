@@ -7,7 +7,9 @@ runs. The startup checks of `[data]` and `[validation]` live here too.
 
 Collectives run over the data-parallel group (one per tensor-parallel
 coordinate), never the world: tensor-parallel peers hold the same batch and
-would otherwise be counted twice."""
+would otherwise be counted twice. Only one of them loads it: the others
+receive it by broadcast (`coordinate_loader.py`), so the loading peers'
+data-parallel group holds every loader state, and rank 0 is one of them."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import torch.distributed as dist
 
 from torchtitan.config.job_config import ConfigError, JobConfig
 from torchtitan.datasets.contract import RankLoader, TrainBatch
+from torchtitan.datasets.coordinate_loader import batch_digest, one_loader_per_coordinate
 from torchtitan.datasets.hf_adapter import HFBaselineAdapter
 from torchtitan.datasets.phase_timeline import DataTimeline, micro_rows
 from torchtitan.datasets.zephon_adapter import ZephonAdapter
@@ -71,10 +74,15 @@ class TrainDataLoader:
         device: torch.device | None = None,
     ) -> TrainDataLoader:
         """The `[data]` loader at data-parallel coordinate `dp_rank` of `dp_size`;
-        validation always reads with Zephon (the same batches at any size)."""
+        validation always reads with Zephon (the same batches at any size).
+        Collective over `tp_group`: its rank 0 builds the loader, the other peers
+        receive its batches (one loader per data-parallel coordinate)."""
         kind = "zephon" if for_validation else cfg.data.loader
         recipe = load_recipe(recipe_path or cfg.data.recipe)
-        loader = LOADERS[kind](cfg, recipe, dp_rank, dp_size)
+        device = device or torch.device("cpu")
+        loader = one_loader_per_coordinate(
+            lambda: LOADERS[kind](cfg, recipe, dp_rank, dp_size), tp_group, device
+        )
         return cls(loader, dp_size, dp_group, tp_group, device)
 
     @property
@@ -103,14 +111,17 @@ class TrainDataLoader:
 
         Each rank contributes its own number of 32-byte unit digests (its lanes,
         or rows for the hf loader); gathered in rank order they are in canonical
-        order. Tensor-parallel peers must hold byte-identical batches; that is
-        checked here too."""
+        order. Tensor-parallel peers must hold byte-identical batches: each
+        hashes the whole batch it holds (every field, images included: what a
+        receiving peer got, what the loading peer loaded) and the hashes must agree."""
         if self.tp_group is not None:
-            peers = gather_digests(batch.digests, self.tp_group, self.device)
-            if any(p != list(batch.digests) for p in peers):
+            mine = batch_digest(batch)
+            peers = gather_digests([mine], self.tp_group, self.device)
+            if any(p != [mine] for p in peers):
                 raise RuntimeError(
                     f"tensor-parallel peers received different batches at step {batch.step}: "
-                    "their data-parallel coordinates disagree"
+                    "a peer holds other bytes than its loading peer (a broadcast lost or "
+                    "changed a field) or their data-parallel coordinates disagree"
                 )
         parts = gather_digests(batch.digests, self.dp_group, self.device)
         return global_batch_digest([d for part in parts for d in part])
@@ -141,8 +152,41 @@ class TrainDataLoader:
         self.loader.check_resumable(doc)
         self.loader.load_state(doc)
 
+    def work_summary(self) -> dict[str, int]:
+        """Collective over the world: every process's `work_done` counts summed by
+        name, with `processes` and `loaders` (processes that ran a loader; the
+        others received their batches)."""
+        parts: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, self.loader.work_done())
+        total: dict[str, int] = {"processes": len(parts)}
+        for part in parts:
+            for name, n in part.items():
+                total[name] = total.get(name, 0) + int(n)
+        total["loaders"] = len(parts) - total.get("receivers", 0)
+        return total
+
     def close(self) -> None:
         self.loader.close()
+
+
+def describe_work(work: dict[str, int]) -> str:
+    """One log line of `TrainDataLoader.work_summary`."""
+    counts = ", ".join(
+        f"{name} {work[name]:,}"
+        for name in ("tokens_tokenized", "docs_tokenized", "images_decoded")
+        if name in work
+    )
+    line = (
+        f"data loading work: {work['loaders']} loader(s) on {work['processes']} process(es)"
+        f"{': ' + counts if counts else ' (no counts kept by this loader kind)'}"
+    )
+    if work.get("receivers"):
+        line += (
+            f"; {work['broadcast_batches']:,} batches broadcast to {work['receivers']} "
+            f"receiving peer(s): {work['broadcast_bytes'] / 2**20:.1f} MiB sent in "
+            f"{work['broadcast_us'] / 1e6:.2f} s"
+        )
+    return line
 
 
 def gather_digests(

@@ -36,6 +36,7 @@ class ZephonAdapter(WrappedLoader):
             explicit=cfg.explicit_shape(),
             micro_batch_tokens=t.local_batch_tokens or None,
         )
+        self._carried: dict[str, int] = {}  # work counted before the last restore
 
     def merge_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
         return merge_rank_states(states)
@@ -49,6 +50,7 @@ class ZephonAdapter(WrappedLoader):
         self.loader.check_resumable(doc)
 
     def load_state(self, doc: dict[str, Any]) -> None:
+        self._carried = self.work_done()  # a restore counts the loader's work from zero
         self.loader.load_state_dict(doc)
 
     def needs_merged_state(self) -> bool:
@@ -58,3 +60,14 @@ class ZephonAdapter(WrappedLoader):
         if self.loader.recipe.bad_records != "drop":
             return None
         return self.loader.dropped_records()
+
+    def work_done(self) -> dict[str, int]:
+        """Documents and tokens made (tokenized, pretokenized or image-text) and
+        images decoded since this adapter was built, prefetch included."""
+        stats = self.loader.stats()
+        now = {
+            "tokens_tokenized": stats["tokens_tokenized"],
+            "docs_tokenized": stats["docs_tokenized"],
+            "images_decoded": stats["work"].get("images_decoded", 0),
+        }
+        return {k: v + self._carried.get(k, 0) for k, v in now.items()}
