@@ -9,11 +9,11 @@ no image and holds no loader state or lookahead.
 
 The broadcast is generic over the batch: every tensor and numpy array found in
 it (through dataclass fields, lists, tuples and dicts, so the token rows, labels,
-positions, per-source counts and an `ImageBatch`'s patches and grids alike)
-travels in one flat byte buffer; the rest (the step, the lane digests, names,
-the batch's own class) travels pickled beside the buffer's layout. A field added
-to a batch later travels without a change here. Each step costs one small object
-broadcast and one buffer broadcast.
+positions, per-source counts and an `ImageBatch`'s patches and grids alike) is
+copied into one byte frame after the pickled rest (the step, the lane digests,
+names, the batch's own class, where each tensor lies). A field added to a batch
+later travels without a change here. Each step costs two broadcasts over the
+group: the frame's size, then the frame.
 
 `batch_digest` hashes every field of a batch, tensor bytes included; the data
 glue compares it between peers at logged steps (`TrainDataLoader.global_digest`),
@@ -107,16 +107,8 @@ def _fill(layout: Any, buffer: torch.Tensor) -> Any:
     return layout
 
 
-def _pack(batch: Any) -> tuple[Any, torch.Tensor]:
-    """(layout, buffer): the batch's tensors copied into one uint8 buffer."""
-    tensors: list[tuple[_Slot, torch.Tensor]] = []
-    end = [0]
-    layout = _strip(batch, tensors, end)
-    buffer = torch.empty(end[0], dtype=torch.uint8)
-    for slot, t in tensors:
-        if slot.nbytes:
-            buffer[slot.offset : slot.offset + slot.nbytes] = t.reshape(-1).view(torch.uint8)
-    return layout, buffer
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
 
 
 def batch_digest(batch: Any) -> bytes:
@@ -141,34 +133,51 @@ def _portable(exc: BaseException) -> BaseException:
 
 
 class _GroupLink:
-    """Broadcasts from the group's rank 0 to the others (`device`: where the
-    collectives run, a CUDA device under NCCL)."""
+    """Messages from the group's rank 0 to the others (`device`: where the
+    collectives run, a CUDA device under NCCL). A message is a picklable object
+    and, for a batch, its tensors: two broadcasts, the sizes and then one frame
+    (the pickled object, then the tensors' bytes at their slots' offsets)."""
 
     def __init__(self, group: dist.ProcessGroup, device: torch.device) -> None:
         self.group, self.device = group, device
         self.src = dist.get_global_rank(group, 0)
+        self.bytes = 0  # frame bytes sent or received so far
 
-    def send_object(self, obj: Any) -> None:
-        dist.broadcast_object_list([obj], group=self.group, group_src=0, device=self.device)
+    def send(self, message: tuple[Any, ...], value: Any = None) -> None:
+        """Broadcast `message`; with `value`, its layout (`_strip`) is appended to
+        the message and its tensors fill the frame."""
+        tensors: list[tuple[_Slot, torch.Tensor]] = []
+        end = [0]
+        if value is not None:
+            message = (*message, _strip(value, tensors, end))
+        payload = pickle.dumps(message)
+        head = _aligned(len(payload))
+        frame = torch.empty(head + end[0], dtype=torch.uint8)
+        frame[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        for slot, t in tensors:
+            if slot.nbytes:
+                at = head + slot.offset
+                frame[at : at + slot.nbytes] = t.reshape(-1).view(torch.uint8)
+        sizes = torch.tensor([len(payload), frame.numel()], dtype=torch.int64)
+        dist.broadcast(sizes.to(self.device), group=self.group, group_src=0)
+        dist.broadcast(frame.to(self.device), group=self.group, group_src=0)
+        self.bytes += frame.numel()
 
-    def receive_object(self) -> Any:
-        box: list[Any] = [None]
-        dist.broadcast_object_list(box, group=self.group, group_src=0, device=self.device)
-        return box[0]
-
-    def send_buffer(self, buffer: torch.Tensor) -> None:
-        if buffer.numel():
-            dist.broadcast(buffer.to(self.device), group=self.group, group_src=0)
-
-    def receive_buffer(self, nbytes: int) -> torch.Tensor:
-        buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        if nbytes:
-            dist.broadcast(buffer, group=self.group, group_src=0)
-        return buffer.cpu()
-
-    def raise_remote(self, exc: BaseException) -> None:
-        exc.add_note(f"(raised by the loading peer, rank {self.src}, and sent to this rank)")
-        raise exc
+    def receive(self) -> tuple[Any, torch.Tensor]:
+        """(message, the frame after the pickled message: where its tensors lie)."""
+        sizes = torch.empty(2, dtype=torch.int64, device=self.device)
+        dist.broadcast(sizes, group=self.group, group_src=0)
+        n, total = sizes.tolist()
+        frame = torch.empty(total, dtype=torch.uint8, device=self.device)
+        dist.broadcast(frame, group=self.group, group_src=0)
+        frame = frame.cpu()
+        self.bytes += total
+        message = pickle.loads(frame[:n].numpy().tobytes())
+        if message[0] == "error":
+            exc = message[1]
+            exc.add_note(f"(raised by the loading peer, rank {self.src}, and sent to this rank)")
+            raise exc
+        return message, frame[_aligned(n) :]
 
 
 class LoadingPeer:
@@ -182,10 +191,10 @@ class LoadingPeer:
         try:
             self.loader = build()
         except Exception as exc:
-            self.link.send_object(("error", _portable(exc)))
+            self.link.send(("error", _portable(exc)))
             raise
-        self.link.send_object(("ready", tuple(self.loader.source_names)))
-        self.sent_bytes = self.sent_batches = self.broadcast_ns = 0
+        self.link.send(("ready", tuple(self.loader.source_names)))
+        self.sent_batches = self.broadcast_ns = 0
 
     @property
     def source_names(self) -> tuple[str, ...]:
@@ -195,17 +204,14 @@ class LoadingPeer:
         try:
             batch = self.loader.next_batch()
         except Exception as exc:
-            self.link.send_object(("error", _portable(exc)))
+            self.link.send(("error", _portable(exc)))
             raise
-        t0 = time.perf_counter_ns()
         if batch is None:
-            self.link.send_object(("end",))
+            self.link.send(("end",))
             return None
-        layout, buffer = _pack(batch)
-        self.link.send_object(("batch", layout, buffer.numel()))
-        self.link.send_buffer(buffer)
+        t0 = time.perf_counter_ns()
+        self.link.send(("batch",), batch)
         self.broadcast_ns += time.perf_counter_ns() - t0
-        self.sent_bytes += buffer.numel()
         self.sent_batches += 1
         return batch
 
@@ -231,7 +237,7 @@ class LoadingPeer:
         return {
             **self.loader.work_done(),
             "broadcast_batches": self.sent_batches,
-            "broadcast_bytes": self.sent_bytes,
+            "broadcast_bytes": self.link.bytes,
             "broadcast_us": self.broadcast_ns // 1000,
         }
 
@@ -245,26 +251,18 @@ class ReceivingPeer:
 
     def __init__(self, group: dist.ProcessGroup, device: torch.device) -> None:
         self.link = _GroupLink(group, device)
-        what, *rest = self.link.receive_object()
-        if what == "error":
-            self.link.raise_remote(rest[0])
-        self._source_names: tuple[str, ...] = rest[0]
-        self.received_bytes = 0
+        (_, names), _ = self.link.receive()
+        self._source_names: tuple[str, ...] = names
 
     @property
     def source_names(self) -> tuple[str, ...]:
         return self._source_names
 
     def next_batch(self) -> Any:
-        what, *rest = self.link.receive_object()
-        if what == "error":
-            self.link.raise_remote(rest[0])
-        if what == "end":
+        message, tensors = self.link.receive()
+        if message[0] == "end":
             return None
-        layout, nbytes = rest
-        buffer = self.link.receive_buffer(nbytes)
-        self.received_bytes += nbytes
-        return _fill(layout, buffer)
+        return _fill(message[1], tensors)
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -285,7 +283,7 @@ class ReceivingPeer:
         return None  # counted by the loading peers' data-parallel group
 
     def work_done(self) -> dict[str, int]:
-        return {"receivers": 1, "received_bytes": self.received_bytes}
+        return {"receivers": 1, "received_bytes": self.link.bytes}
 
     def close(self) -> None:
         pass
