@@ -18,6 +18,7 @@ import bench_boundary
 import bench_grad_memory
 import bench_images
 import bench_index
+import bench_loader_cpu
 import bench_scale
 import bench_throughput
 import elastic_resume_demo
@@ -41,6 +42,7 @@ PAGES: dict[str, Callable[[Any], str]] = {
     "bench_grad_memory": bench_grad_memory.page,
     "bench_images": bench_images.page,
     "bench_index": bench_index.markdown,
+    "bench_loader_cpu": bench_loader_cpu.render,
     "bench_scale": bench_scale.render,
     "bench_throughput": bench_throughput.render,
     "elastic_resume": lambda doc: f"{doc['title']}\n\n{elastic_resume_demo.markdown_table(doc)}\n",
