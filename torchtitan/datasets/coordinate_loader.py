@@ -41,12 +41,16 @@ import torch.distributed as dist
 
 from torchtitan.datasets.contract import RankLoader
 
-_ALIGN = 64  # every tensor starts at a multiple of this in the buffer (dtype views)
+_ALIGN = 64  # every tensor starts at a multiple of this in the frame (dtype views)
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
 
 
 @dataclasses.dataclass(frozen=True)
 class _Slot:
-    """Where one tensor or array of a batch lies in the broadcast buffer."""
+    """Where one tensor or array of a batch lies in the broadcast frame."""
 
     offset: int
     nbytes: int
@@ -76,21 +80,27 @@ def _strip(value: Any, tensors: list[tuple[_Slot, torch.Tensor]], end: list[int]
         nbytes = t.numel() * t.element_size()
         slot = _Slot(end[0], nbytes, t.dtype, tuple(value.shape), as_numpy)
         tensors.append((slot, t))
-        end[0] += -(-nbytes // _ALIGN) * _ALIGN
+        end[0] += _aligned(nbytes)
         return slot
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = {f.name: _strip(getattr(value, f.name), tensors, end)
                   for f in dataclasses.fields(value)}  # fmt: skip
         return _Record(type(value), fields)
     if isinstance(value, list | tuple):
-        return type(value)(_strip(v, tensors, end) for v in value)
+        return _same_sequence(value, [_strip(v, tensors, end) for v in value])
     if isinstance(value, dict):
         return {k: _strip(v, tensors, end) for k, v in value.items()}
     return value
 
 
+def _same_sequence(like: list[Any] | tuple[Any, ...], items: list[Any]) -> Any:
+    """`items` as a sequence of `like`'s type (a named tuple takes them one by one)."""
+    return type(like)(*items) if hasattr(like, "_fields") else type(like)(items)
+
+
 def _fill(layout: Any, buffer: torch.Tensor) -> Any:
-    """The value `_strip` took apart, its tensors views of `buffer`."""
+    """The value `_strip` took apart, its tensors views of `buffer` (the frame's
+    tensor part)."""
     if isinstance(layout, _Slot):
         raw = buffer[layout.offset : layout.offset + layout.nbytes]
         t = raw.view(layout.dtype).view(layout.shape)
@@ -101,14 +111,10 @@ def _fill(layout: Any, buffer: torch.Tensor) -> Any:
             object.__setattr__(obj, name, _fill(v, buffer))
         return obj
     if isinstance(layout, list | tuple):
-        return type(layout)(_fill(v, buffer) for v in layout)
+        return _same_sequence(layout, [_fill(v, buffer) for v in layout])
     if isinstance(layout, dict):
         return {k: _fill(v, buffer) for k, v in layout.items()}
     return layout
-
-
-def _aligned(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
 
 
 def batch_digest(batch: Any) -> bytes:
