@@ -5,7 +5,8 @@ and pytest stops at the first failure (-x). Ordered by the durations mutmut
 measured in its stats run, as its plain fork runner orders them, a killed
 mutant costs its quickest killing test instead of, on average, half of the
 tests that reach it. Loaded only by `[tool.mutmut] pytest_add_cli_args`
-(`-p scripts.mutation_order`; mutmut puts mutants/ on the path).
+(`-p harness.mutation_order`; mutmut copies harness/ into mutants/, which it
+puts on the path).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ held out for validation when a hash of its id says so (1 in 10 for prose, 1 in
 
 Usage::
 
-    python scripts/build_sample_data.py [--out data/sample] [--force]
+    python scripts/tools/build_sample_data.py [--out data/sample] [--force]
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ import argparse
 import ast
 import gzip
 import hashlib
-import importlib.util
 import io
 import json
 import os
@@ -59,8 +58,8 @@ import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
+from harness.sample_images import build_images
 from zephon import atomic_write
 
 FORMAT_VERSION = 2  # 2: the image corpus
@@ -98,16 +97,6 @@ _LINE_RE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 class Doc:
     id: str
     text: str
-
-
-def _sample_images() -> ModuleType:
-    """scripts/sample_images.py, loaded by path (this file may itself be loaded so)."""
-    path = Path(__file__).resolve().with_name("sample_images.py")
-    spec = importlib.util.spec_from_file_location("sample_images", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def python_version() -> str:
@@ -385,7 +374,7 @@ def build(out: Path) -> dict:
     hf_data = sorted((stage / "prose_hf").glob("*.arrow"))
     for path in hf_data:  # a single shard at this size
         doc_counts[path.relative_to(stage).as_posix()] = len(prose_train)
-    image_counts = _sample_images().build_images(stage)
+    image_counts = build_images(stage)
     doc_counts.update(image_counts)
 
     files: dict[str, dict] = {}

@@ -1,4 +1,6 @@
-"""The generated image-caption part of the sample corpus (called by build_sample_data.py).
+"""The generated image-caption part of the sample corpus (called by
+scripts/tools/build_sample_data.py; the VLM caption probe and bench_images draw
+their scenes with it too).
 
 Every image is a scene of coloured shapes on a plain background; its caption
 says what is there: counts, colours, shapes, and where the first two groups

@@ -19,15 +19,15 @@ and exits 1 if any Zephon resume logged a different global batch than the
 reference at any step after k (2 for unusable arguments). Runs go one at a
 time on CPU (gloo, ``OMP_NUM_THREADS=1`` per process).
 
-    .venv/bin/python scripts/elastic_resume_demo.py            # defaults
-    .venv/bin/python scripts/elastic_resume_demo.py --steps 4 --ckpt-step 2 \\
+    .venv/bin/python scripts/experiments/elastic_resume_demo.py            # defaults
+    .venv/bin/python scripts/experiments/elastic_resume_demo.py --steps 4 --ckpt-step 2 \\
         --ref-procs 2 --resume-sizes 1,4 --seq-len 32 --global-batch 16
-    .venv/bin/python scripts/elastic_resume_demo.py --render docs/results/elastic_resume.json
+    .venv/bin/python scripts/experiments/elastic_resume_demo.py --render docs/results/elastic_resume.json
 
 The vision-language model on the sample image-text recipe (images in every
 digest; the hf baseline reads no images):
 
-    .venv/bin/python scripts/elastic_resume_demo.py --config train_configs/vlm_debugmodel.toml \\
+    .venv/bin/python scripts/experiments/elastic_resume_demo.py --config train_configs/vlm_debugmodel.toml \\
         --recipe train_configs/data/sample_vlm.toml --loaders zephon --out outputs/elastic_demo_vlm
 """
 
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from train_harness import (
+from harness.train import (
     LOADERS,
     REPO,
     RunFailed,
@@ -56,7 +56,6 @@ from train_harness import (
     render_results,
     run_logged,
 )
-
 from zephon import LayoutError, plan_layout
 
 CONFIG = REPO / "train_configs" / "llama3_debugmodel.toml"

@@ -12,8 +12,8 @@
 
 Writes docs/results/two_node_resume.{json,md}; exits 1 on any mismatch.
 
-    .venv/bin/python scripts/two_node_resume.py
-    .venv/bin/python scripts/two_node_resume.py --render docs/results/two_node_resume.json
+    .venv/bin/python scripts/experiments/two_node_resume.py
+    .venv/bin/python scripts/experiments/two_node_resume.py --render docs/results/two_node_resume.json
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from train_harness import (
+from harness.train import (
     REPO,
     copy_checkpoint,
     ensure_sample_data,
@@ -34,7 +34,6 @@ from train_harness import (
     render_results,
     results_args,
 )
-
 from torchtitan.distributed.utils import free_port
 
 STEPS, K, LOSS_RTOL = 6, 3, 1e-4

@@ -1,6 +1,6 @@
 """Train the bundled byte-level BPE tokenizer on the sample corpus.
 
-Reads the TRAINING shards made by ``scripts/build_sample_data.py`` (prose JSONL
+Reads the TRAINING shards made by ``scripts/tools/build_sample_data.py`` (prose JSONL
 and code gzip JSONL; the validation files are never read) and trains a
 byte-level BPE model with the Hugging Face ``tokenizers`` library:
 
@@ -12,7 +12,7 @@ byte-level BPE model with the Hugging Face ``tokenizers`` library:
 
 Usage::
 
-    python scripts/train_tokenizer.py [--data data/sample] [--vocab-size 8192]
+    python scripts/tools/train_tokenizer.py [--data data/sample] [--vocab-size 8192]
                                       [--out assets/tokenizer/tokenizer.json]
 """
 
@@ -41,7 +41,7 @@ def training_files(data: Path) -> list[Path]:
     if not files or not (data / "MANIFEST.json").is_file():
         raise SystemExit(
             f"error: no complete sample corpus under {data}; "
-            "run `python scripts/build_sample_data.py` first"
+            "run `python scripts/tools/build_sample_data.py` first"
         )
     return files
 

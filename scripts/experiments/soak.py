@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """A week alone, compressed: one job under a seeded schedule of faults for an hour.
 
-    .venv/bin/python scripts/soak.py                       # 60 minutes, 16 faults, seed 0
-    .venv/bin/python scripts/soak.py --minutes 8 --faults 3   # a quick look
-    .venv/bin/python scripts/soak.py --render docs/results/soak.json
+    .venv/bin/python scripts/experiments/soak.py                       # 60 minutes, 16 faults, seed 0
+    .venv/bin/python scripts/experiments/soak.py --minutes 8 --faults 3   # a quick look
+    .venv/bin/python scripts/experiments/soak.py --render docs/results/soak.json
 
 Three `run_train.sh` agents of one process each (NNODES=1:3, an etcd-v2 rendezvous on
 an etcd server this script starts on 127.0.0.1, so no node is special; MAX_RESTARTS=3
@@ -46,12 +46,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-import fault_injection as fi
-from train_harness import data_digests, etcd_server, immutable, read_metrics, render_results
-
+from harness import faults as fi
+from harness.train import (
+    REPO,
+    data_digests,
+    ensure_sample_data,
+    etcd_server,
+    immutable,
+    read_metrics,
+    render_results,
+)
 from torchtitan.components.checkpoint import CheckpointError, manifest
 
-REPO = Path(__file__).resolve().parents[1]
 KINDS = (
     "agent_lost_rejoins",
     "agent_lost",
@@ -169,7 +175,7 @@ class Cluster:
 
 
 def steps_now(dump: Path) -> int:
-    return fi._steps_logged(dump)
+    return fi.steps_logged(dump)
 
 
 def wait_healthy(cluster: Cluster, since_step: int, timeout: float) -> bool:
@@ -295,7 +301,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     out = a.out.resolve()
     dump = out / "job"
     subprocess.run(["chattr", "-R", "-i", str(out)], capture_output=True)
-    fi.ensure_sample_data()
+    ensure_sample_data()
     t0 = time.time()
     faults: list[dict[str, Any]] = []
     with etcd_server(out / "etcd") as endpoint:
@@ -356,7 +362,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         if f.get("recovery_s") is not None
     ]
     return {
-        "command": f"scripts/soak.py --minutes {a.minutes:g} --faults {a.faults} --seed {a.seed}",
+        "command": f"scripts/experiments/soak.py --minutes {a.minutes:g} --faults {a.faults} --seed {a.seed}",
         "seed": a.seed, "minutes": a.minutes, "wall_s": round(wall, 1),
         "steps": last, "each_step_once": sorted(steps) == list(range(1, last + 1)),
         "wrong_digests": wrong, "median_step_s": round(step_s, 3),

@@ -1,9 +1,8 @@
 """The harness that tests and demo scripts use to launch training runs: one
 torchrun job on CPU processes, and reading back what it logged.
 
-It is not part of the installed package (a trainer user never needs it): the
-scripts import it as `train_harness` (`python scripts/x.py` puts scripts/ first
-on sys.path) and the tests through pytest's `pythonpath` (pyproject.toml)."""
+Imported as `harness.train` by the tests, the scripts and the benchmarks (see
+harness/__init__.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +20,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
+BUILD_SAMPLE_DATA = REPO / "scripts" / "tools" / "build_sample_data.py"
 LOADERS = ("zephon", "hf")
 
 
@@ -32,7 +32,7 @@ def ensure_sample_data() -> None:
     """Build the bundled sample corpus if it is missing (a few seconds)."""
     if not (SAMPLE / "MANIFEST.json").is_file():
         subprocess.run(
-            [sys.executable, str(REPO / "scripts" / "build_sample_data.py"), "--out", str(SAMPLE)],
+            [sys.executable, str(BUILD_SAMPLE_DATA), "--out", str(SAMPLE)],
             check=True,
         )
 

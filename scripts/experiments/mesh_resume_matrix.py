@@ -9,8 +9,8 @@ processes) and (replicate 2, shard 4) on 8 processes. Writes
 docs/results/mesh_resume_matrix.{json,md}; exits 1 if any digest differs or a
 loss is further than 1e-4 (relative) from the reference.
 
-    .venv/bin/python scripts/mesh_resume_matrix.py [--out docs/results]
-    .venv/bin/python scripts/mesh_resume_matrix.py --render docs/results/mesh_resume_matrix.json
+    .venv/bin/python scripts/experiments/mesh_resume_matrix.py [--out docs/results]
+    .venv/bin/python scripts/experiments/mesh_resume_matrix.py --render docs/results/mesh_resume_matrix.json
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from train_harness import (
+from harness.train import (
     REPO,
     compare,
     copy_checkpoint,

@@ -2,8 +2,8 @@
 """Fault injection: break training runs the ways real jobs break, and check
 that every resume is either right or refused with a clear message.
 
-    .venv/bin/python scripts/fault_injection.py --seeds 0,1,2,3,4 --trials 1
-    .venv/bin/python scripts/fault_injection.py --render docs/results/fault_injection.json
+    .venv/bin/python scripts/experiments/fault_injection.py --seeds 0,1,2,3,4 --trials 1
+    .venv/bin/python scripts/experiments/fault_injection.py --render docs/results/fault_injection.json
 
 Every run goes through `run_train.sh` (the launcher wrapper, 2 CPU processes,
 the debug model on the sample data). A reference run without faults gives
@@ -47,14 +47,13 @@ import random
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from train_harness import (
+from harness.faults import INTERVAL, STEPS, Job, digests_ok, steps_logged, wait_for
+from harness.train import (
     REPO,
     ensure_sample_data,
     pick_scenarios,
@@ -65,16 +64,6 @@ from train_harness import (
 
 RESULTS = REPO / "docs" / "results" / "fault_injection.json"
 
-STEPS, INTERVAL = 8, 2
-BASE = {
-    "training.seq_len": 64,
-    "training.global_batch_size": 16,
-    "training.local_batch_size": 2,
-    "training.steps": STEPS,
-    "checkpoint.interval": INTERVAL,
-    "lr_scheduler.warmup_steps": 2,
-    "data.log_batch_digests": "true",
-}
 CORRUPTIONS = (
     "swapped_loader_state",
     "zeros_in_shard",
@@ -95,126 +84,12 @@ SCENARIOS = (
 LIES = ("WRONG DATA", "ACCEPTED SILENTLY", "SECOND WRITER ACCEPTED", "ORPHANS KEPT RUNNING")
 
 
-def _args(fields: dict[str, Any]) -> list[str]:
-    out = []
-    for k, v in fields.items():
-        out += [f"--{k}", str(v)]
-    return out
-
-
-class Job:
-    """One `run_train.sh` launch in its own session, output to a log file; `env`
-    adds launch settings (NNODES, RDZV_ENDPOINT...), `name` prefixes the log."""
-
-    def __init__(
-        self,
-        dump: Path,
-        extra: dict[str, Any] | None = None,
-        nproc: int = 2,
-        env: dict[str, str] | None = None,
-        name: str = "run",
-    ):
-        dump.mkdir(parents=True, exist_ok=True)
-        self.dump, self.log = dump, dump / f"{name}-{time.time_ns()}.log"
-        env = {**os.environ, "NGPU": str(nproc), "CUDA_VISIBLE_DEVICES": "", **(env or {})}
-        args = _args({**BASE, **(extra or {}), "job.dump_folder": dump})
-        self._out = open(self.log, "w")
-        self.proc = subprocess.Popen(
-            ["bash", str(REPO / "run_train.sh"), *args],
-            cwd=REPO,
-            env=env,
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.started = time.monotonic()
-
-    def wait(self, timeout: float) -> int | None:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-        finally:
-            self._out.flush()
-
-    def output(self) -> str:
-        self._out.flush()
-        return self.log.read_text(errors="replace")
-
-    def tree(self) -> list[int]:
-        """The launcher and all its descendants (ranks run in their own sessions)."""
-        children: dict[int, list[int]] = {}
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(d))
-        out, todo = [], [self.proc.pid]
-        while todo:
-            p = todo.pop()
-            out.append(p)
-            todo += children.get(p, [])
-        return out
-
-    def rank_pid(self, rank: int) -> int | None:
-        for pid in self.tree():
-            try:
-                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if f"RANK={rank}".encode() in env and b"TORCHELASTIC_RUN_ID" in b"".join(env):
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                if b"torchtitan.train" in cmd:
-                    return pid
-        return None
-
-    def kill9(self) -> None:
-        for pid in self.tree():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        self.wait(30)
-
-
-def _wait_for(cond: Callable[[], bool], job: Job, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        if job.proc.poll() is not None:
-            return cond()
-        time.sleep(0.02)
-    return False
-
-
-def _steps_logged(dump: Path) -> int:
-    return max(read_metrics(dump), default=0) if (dump / "metrics.jsonl").exists() else 0
-
-
-def _digests_ok(
-    dump: Path, ref: dict[int, dict[str, Any]], first: int = 1, last: int = STEPS
-) -> str | None:
-    """None if every step `first`..`last` has the reference digest, once; else why not."""
-    lines = [json.loads(x) for x in (dump / "metrics.jsonl").read_text().splitlines() if x]
-    steps = [r["step"] for r in lines if r["step"] >= first]
-    if sorted(steps) != list(range(first, last + 1)):
-        return f"metrics.jsonl steps {steps}"
-    got = {r["step"]: r["digest"] for r in lines}
-    bad = [s for s in range(first, last + 1) if got[s] != ref[s]["digest"]]
-    return f"digests differ at steps {bad}" if bad else None
-
-
 def _resume_and_check(dump: Path, ref: dict[int, dict[str, Any]], timeout: float) -> str:
     job = Job(dump)
     code = job.wait(timeout)
     if code != 0:
         return f"resume failed (exit {code})"
-    why = _digests_ok(dump, ref)
+    why = digests_ok(dump, ref)
     return "WRONG DATA: " + why if why else "ok"
 
 
@@ -229,14 +104,14 @@ def kill9(ctx: Ctx, trial: int, in_save: bool) -> str:
         step = ctx.rng.choice(range(INTERVAL, STEPS, INTERVAL))
         folder = dump / "checkpoint" / f"step-{step}"
         # The first shard file appears as DCP starts writing: the save is under way.
-        if not _wait_for(lambda: any(folder.glob("*.distcp")), job, ctx.timeout):
+        if not wait_for(lambda: any(folder.glob("*.distcp")), job, ctx.timeout):
             job.kill9()
             return "no save seen"
         time.sleep(ctx.rng.uniform(0, 0.1))
         mid_save = not (folder / "COMPLETE.json").exists()
     else:
         step = ctx.rng.randint(1, STEPS - 1)
-        if not _wait_for(lambda: _steps_logged(dump) >= step, job, ctx.timeout):
+        if not wait_for(lambda: steps_logged(dump) >= step, job, ctx.timeout):
             job.kill9()
             return "run ended early"
         time.sleep(ctx.rng.uniform(0, 1.0))
@@ -280,7 +155,7 @@ def corruption(ctx: Ctx, trial: int, kind: str) -> str:
     code = job.wait(ctx.timeout)
     out = job.output()
     if code == 0:
-        why = _digests_ok(dump, ctx.ref)
+        why = digests_ok(dump, ctx.ref)
         return "ACCEPTED SILENTLY" + (f" and WRONG DATA: {why}" if why else "")
     if code != 2 or str(bad) not in out or f"load_step {STEPS - INTERVAL}" not in out:
         return f"refused unclearly (exit {code})"
@@ -289,7 +164,7 @@ def corruption(ctx: Ctx, trial: int, kind: str) -> str:
     code = job.wait(ctx.timeout)
     if code != 0:
         return f"refused; load_step {STEPS - INTERVAL} then failed (exit {code})"
-    why = _digests_ok(dump, ctx.ref)
+    why = digests_ok(dump, ctx.ref)
     return "WRONG DATA after load_step: " + why if why else "refused, named file; load_step ok"
 
 
@@ -298,7 +173,7 @@ def kill_launcher_only(ctx: Ctx, trial: int) -> str:
     shutil.rmtree(dump, ignore_errors=True)
     job = Job(dump)
     step = ctx.rng.randint(1, STEPS - 2)
-    if not _wait_for(lambda: _steps_logged(dump) >= step, job, ctx.timeout):
+    if not wait_for(lambda: steps_logged(dump) >= step, job, ctx.timeout):
         job.kill9()
         return "run ended early"
     ranks = [p for p in (job.rank_pid(0), job.rank_pid(1)) if p is not None]
@@ -322,7 +197,7 @@ def second_job(ctx: Ctx, trial: int) -> str:
     shutil.rmtree(dump, ignore_errors=True)
     # Long enough that the second launch (several seconds of startup) meets it running.
     first = Job(dump, {"training.steps": 60, "checkpoint.interval": 20})
-    if not _wait_for(lambda: _steps_logged(dump) >= 1, first, ctx.timeout):
+    if not wait_for(lambda: steps_logged(dump) >= 1, first, ctx.timeout):
         first.kill9()
         return "run ended early"
     holder = first.rank_pid(0)
@@ -347,7 +222,7 @@ def stopped_rank(ctx: Ctx, trial: int) -> str:
     shutil.rmtree(dump, ignore_errors=True)
     timeout_s = 10
     job = Job(dump, {"job.heartbeat_timeout_s": timeout_s, "training.steps": 200})
-    if not _wait_for(lambda: _steps_logged(dump) >= 2, job, ctx.timeout):
+    if not wait_for(lambda: steps_logged(dump) >= 2, job, ctx.timeout):
         job.kill9()
         return "run ended early"
     pid = job.rank_pid(1)
@@ -496,7 +371,7 @@ def report(doc: dict[str, Any]) -> str:
         f"processes through `run_train.sh`, a checkpoint every {doc['checkpoint_interval']} "
         f"steps; seeds {seeds}, {doc['trials']} trial(s) per scenario and seed; "
         f"{doc['wall_s']:.0f} s in all on a shared 2-core machine. Generated by "
-        "`scripts/fault_injection.py` from the raw results in the JSON beside this page "
+        "`scripts/experiments/fault_injection.py` from the raw results in the JSON beside this page "
         "(`--render JSON` regenerates it).\n\n" + table(doc["results"]) + "\n"
     )
 
@@ -566,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     seeds = ",".join(str(s) for s in a.seeds)
     doc = {
-        "command": f"scripts/fault_injection.py --seeds {seeds} --trials {a.trials} "
+        "command": f"scripts/experiments/fault_injection.py --seeds {seeds} --trials {a.trials} "
         f"--scenarios {','.join(names)}",
         "seeds": a.seeds,
         "trials": a.trials,

@@ -1,7 +1,7 @@
 """Export a trained step folder to a Hugging Face Llama folder that `transformers` loads.
 
-    python scripts/export_hf.py outputs/run/checkpoint/step-100 exported/ --flavor debugmodel
-    python scripts/export_hf.py outputs/run/checkpoint exported/ --hf-config base_model/
+    python scripts/tools/export_hf.py outputs/run/checkpoint/step-100 exported/ --flavor debugmodel
+    python scripts/tools/export_hf.py outputs/run/checkpoint exported/ --hf-config base_model/
 
 The step folder may have been saved by any number of ranks (DCP); it is read in
 one process. STEP may also be a checkpoint folder (its latest complete step).

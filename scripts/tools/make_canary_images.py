@@ -12,7 +12,7 @@ zephon/images/pixels/canary.py). Each image is a few KB and exercises one decode
   lossy_alpha.webp     lossy WebP with an alpha channel
   exif_rotated.jpg     baseline JPEG with EXIF orientation 6 (rotate 90° clockwise)
 
-Usage: python scripts/make_canary_images.py [--out assets/images/canary] [--force]
+Usage: python scripts/tools/make_canary_images.py [--out assets/images/canary] [--force]
 """
 
 from __future__ import annotations

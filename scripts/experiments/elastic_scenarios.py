@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Unattended runs: elastic restarts, preemption and divergence, on one machine.
 
-    .venv/bin/python scripts/elastic_scenarios.py            # every scenario
-    .venv/bin/python scripts/elastic_scenarios.py --scenarios kill9_agent,join
+    .venv/bin/python scripts/experiments/elastic_scenarios.py            # every scenario
+    .venv/bin/python scripts/experiments/elastic_scenarios.py --scenarios kill9_agent,join
 
 Each scenario launches `run_train.sh` agents (torchrun's elastic agent, NNODES=1:3,
 c10d rendezvous on 127.0.0.1) on the debug model and the sample data (8 lanes), injects
@@ -59,9 +59,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import fault_injection as fi
-from train_harness import (
+from harness import faults as fi
+from harness.train import (
+    REPO,
     data_digests,
+    ensure_sample_data,
     etcd_server,
     immutable,
     pick_scenarios,
@@ -69,10 +71,8 @@ from train_harness import (
     read_metrics,
     render_results,
 )
-
 from torchtitan.distributed.utils import free_port
 
-REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results" / "elastic_scenarios.json"
 
 STEPS, INTERVAL = 16, 4
@@ -177,10 +177,10 @@ class Run:
         while not self._stop.wait(0.1):
             for job in self.agents:
                 self.pids.update(job.tree())
-            self.steps.append((time.time(), fi._steps_logged(self.dump)))
+            self.steps.append((time.time(), fi.steps_logged(self.dump)))
 
     def step(self) -> int:
-        return fi._steps_logged(self.dump)
+        return fi.steps_logged(self.dump)
 
     def ended(self) -> bool:
         """Every agent has exited: nothing more will happen."""
@@ -257,7 +257,7 @@ def measure(run: Run, t_fault: float, ref: dict[int, str]) -> dict[str, Any]:
     logged) and at which data-parallel sizes, steps lost and seconds from the fault
     to the first step trained after the resume (step K+1's time in metrics.jsonl)."""
     records = read_metrics(run.dump)
-    why = fi._digests_ok(run.dump, {s: {"digest": d} for s, d in ref.items()}, 1, STEPS)
+    why = fi.digests_ok(run.dump, {s: {"digest": d} for s, d in ref.items()}, 1, STEPS)
     resumes = [
         (int(k), int(d))
         for k, d in re.findall(r"resumed from step (\d+) on (\d+) data-parallel", run.output())
@@ -322,7 +322,7 @@ def sigterm_all_ranks(out: Path, ref: dict[int, str], timeout: float) -> dict[st
     for pid in ranks:
         os.kill(pid, signal.SIGTERM)
     first = run.finish(timeout)
-    saved = fi._steps_logged(run.dump)
+    saved = fi.steps_logged(run.dump)
     ckpt = run.dump / "checkpoint" / f"step-{saved}" / "COMPLETE.json"
     again = run.relaunch()  # requeued: the same two agents
     again.agent(2)
@@ -491,7 +491,7 @@ def restart_budget_renews(out: Path, ref: dict[int, str], timeout: float) -> dic
     checks = {
         "job finished (exit 0)": result["exit"][0] == 0,
         "each failure was 1 of 1": said == ["1", "1"],
-        "digests right": fi._digests_ok(
+        "digests right": fi.digests_ok(
             run.dump, {k: {"digest": d} for k, d in ref.items()}, 1, LONG_STEPS
         )
         is None,
@@ -622,7 +622,7 @@ def checkpoint_folder_readonly(out: Path, ref: dict[int, str], timeout: float) -
         "no traceback": not any(x["traceback"] for x in named),
         "not retried": all("not restarting after an input error" in o for o in outs),
         "relaunch finishes": second["exit"] == [0, 0],
-        "digests right": fi._digests_ok(
+        "digests right": fi.digests_ok(
             again.dump, {k: {"digest": d} for k, d in ref.items()}, 1, STEPS
         )
         is None,
@@ -650,7 +650,7 @@ def dump_folder_readonly(out: Path, ref: dict[int, str], timeout: float) -> dict
         "renewal error said once": text.count("monitor: ") == 1,
         "release did not fail the run": "could not remove the dump-folder lock" in text,
         "no hang reported": "sent no heartbeat" not in text,
-        "digests right": fi._digests_ok(
+        "digests right": fi.digests_ok(
             run.dump, {k: {"digest": d} for k, d in ref.items()}, 1, steps
         )
         is None,
@@ -779,7 +779,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.render is not None:
         return render(a.render)
     names = pick_scenarios(p, a.scenarios, SCENARIOS)
-    fi.ensure_sample_data()
+    ensure_sample_data()
     ref = data_digests(
         LONG_STEPS, int(fi.BASE["training.seq_len"]), int(fi.BASE["training.global_batch_size"])
     )
@@ -797,7 +797,7 @@ def main(argv: list[str] | None = None) -> int:
         results = {**json.loads(path.read_text())["results"], **results}
         names = [n for n in SCENARIOS if n in results]
     doc = {
-        "command": "scripts/elastic_scenarios.py --scenarios " + ",".join(names),
+        "command": "scripts/experiments/elastic_scenarios.py --scenarios " + ",".join(names),
         "steps": STEPS, "interval": INTERVAL, "keep_alive_s": KEEP_ALIVE_S,
         "keep_alive_attempts": KEEP_ALIVE_ATTEMPTS, "last_call_s": LAST_CALL_S,
         "startup_s": STARTUP_S,

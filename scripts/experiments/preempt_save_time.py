@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """How long the save after a preemption signal takes, to size the warning time.
 
-    .venv/bin/python scripts/preempt_save_time.py [--trials 3] [--configs debugmodel,1B]
+    .venv/bin/python scripts/experiments/preempt_save_time.py [--trials 3] [--configs debugmodel,1B]
 
 Two measurements:
 - the debug config through `run_train.sh` (2 CPU processes): SIGTERM to the
@@ -33,9 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from train_harness import ensure_sample_data, render_results
-
-REPO = Path(__file__).resolve().parents[1]
+from harness.train import REPO, ensure_sample_data, render_results
 
 CONFIGS = {
     "debugmodel": REPO / "train_configs" / "llama3_debugmodel.toml",
@@ -50,7 +48,7 @@ def _folder_bytes(path: Path) -> int:
 
 def through_run_train(trials: int, out: Path) -> list[dict[str, Any]]:
     """SIGTERM to the launcher of a debug-config run at step 2, `trials` times."""
-    import fault_injection as fi
+    from harness import faults as fi
 
     rows = []
     for trial in range(trials):
@@ -62,7 +60,7 @@ def through_run_train(trials: int, out: Path) -> list[dict[str, Any]]:
                      "lr_scheduler.warmup_steps": 5, "training.steps": 40,
                      "checkpoint.interval": 1000}  # fmt: skip
         job = fi.Job(dump, overrides, nproc=2)
-        if not fi._wait_for(lambda d=dump: fi._steps_logged(d) >= 2, job, 600):
+        if not fi.wait_for(lambda d=dump: fi.steps_logged(d) >= 2, job, 600):
             job.kill9()
             rows.append({"trial": trial, "problem": "no step 2"})
             continue
@@ -201,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     doc = {
-        "command": f"scripts/preempt_save_time.py --trials {a.trials} --configs {a.configs}",
+        "command": f"scripts/experiments/preempt_save_time.py --trials {a.trials} --configs {a.configs}",
         "machine": f"{os.cpu_count()} CPU cores shared with other work, local disk",
         "results": results,
     }
