@@ -1,7 +1,7 @@
 """Benchmark of the image pipeline: Zephon against the raw image work and the conventional path.
 
 Two generated image-caption corpora (WebDataset shards written by the sample
-generator, scripts/sample_images.py: JPEG and PNG scenes with captions),
+generator, harness/sample_images.py: JPEG and PNG scenes with captions),
 each with image settings of its own (`CORPORA`):
 
 - web: scenes of 192 to 768 pixels a side, the sizes of web image-caption
@@ -82,10 +82,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_pipeline import quote_in_page, script_module
+
+from harness import sample_images  # the sample generator
+from harness.train import quote_in_page
 
 REPO = Path(__file__).resolve().parents[1]
-sample_images = script_module("sample_images")  # the sample generator, scripts/
 
 TOKENIZER = REPO / "assets" / "tokenizer" / "tokenizer.json"
 RESULTS = REPO / "docs" / "results" / "bench_images.json"
