@@ -56,7 +56,7 @@ from harness.train import (
     render_results,
     run_logged,
 )
-from zephon import LayoutError, plan_layout
+from zephon import LayoutError, resolve_layout
 
 CONFIG = REPO / "train_configs" / "llama3_debugmodel.toml"
 MODEL_NAMES = {"llama3": "Llama 3", "vlm": "VLM"}
@@ -159,7 +159,7 @@ def check_layout(args: argparse.Namespace) -> None:
     g, mb = args.global_batch, args.local_batch
     for n in sorted({args.ref_procs, *args.resume_sizes}):
         try:  # Zephon: the trainer's own planner (any n up to the lanes)
-            plan_layout(lanes, n, g, mb)
+            resolve_layout(lanes, n, g, mb)
         except LayoutError as exc:
             sys.exit(f"error: {n} processes do not fit: {exc}")
     for n in sorted({args.ref_procs, *args.hf_resume_sizes}):

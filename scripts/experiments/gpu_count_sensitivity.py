@@ -64,7 +64,7 @@ from harness.train import (
     render_results,
     run_logged,
 )
-from zephon import LayoutError, plan_layout
+from zephon import LayoutError, resolve_layout
 
 CONFIG = REPO / "train_configs" / "llama3_debugmodel.toml"
 RESULTS = REPO / "docs" / "results" / "gpu_count_sensitivity.json"
@@ -160,7 +160,7 @@ def check_layout(args: argparse.Namespace) -> None:
     for n, mb in combos:
         try:  # Zephon: the trainer's own planner (any n up to the lanes)
             for lane in lanes:
-                plan_layout(lane, n, g, mb)
+                resolve_layout(lane, n, g, mb)
         except LayoutError as exc:
             sys.exit(f"error: {n} processes with micro-batch {mb} do not fit: {exc}")
         if g % n or (g // n) % mb:  # the hf baseline splits the global batch evenly

@@ -39,7 +39,7 @@ from harness.train import (
     results_args,
     run_logged,
 )
-from zephon import plan_layout
+from zephon import resolve_layout
 
 STEPS, K, LOSS_RTOL, MICRO = 6, 3, 1e-5, 2
 SAMPLE_MIX = REPO / "train_configs" / "data" / "sample_mix.toml"
@@ -94,7 +94,7 @@ def run(name: str, dump: Path, recipe: Path, global_batch: int) -> dict[int, dic
 
 def layout_note(name: str, lanes: int, global_batch: int) -> str:
     nproc, (rep, shard, tp) = MESHES[name]
-    layout = plan_layout(lanes, rep * shard, global_batch, MICRO)
+    layout = resolve_layout(lanes, rep * shard, global_batch, MICRO)
     rows = ", ".join(f"{r} rows x {n}" for r, n in layout.rank_rows.items())
     return f"dp {rep * shard}: {rows}; idle {layout.idle_share:.1%}"
 

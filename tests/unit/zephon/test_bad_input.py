@@ -33,7 +33,7 @@ from zephon import (
     load_recipe,
     load_tokenizer,
     merge_rank_states,
-    plan_layout,
+    resolve_layout,
 )
 from zephon.state.checkpoint_state import load_file
 
@@ -490,17 +490,17 @@ def test_huge_token_id_is_a_data_error(tmp_path: Path, tok: TokenizerInfo) -> No
 )
 def test_layout_errors_give_numbers_and_a_fix(args: tuple[float, ...], expected: list[str]) -> None:
     with pytest.raises(LayoutError) as info:
-        plan_layout(*args)
+        resolve_layout(*args)
     for part in expected:
         assert part in str(info.value), f"{part!r} not in {info.value}"
 
 
 def test_uneven_sizes_are_reported_not_refused_by_default() -> None:
     """What the refusals above turn into without max_idle_share: a plan and a report."""
-    layout = plan_layout(8, 3, 24, 3)
+    layout = resolve_layout(8, 3, 24, 3)
     assert [layout.padded_rows(r) for r in range(3)] == [3, 0, 0]
     assert "rows per rank 6 on 1 rank, 9 on 2 ranks" in (layout.imbalance() or "")
-    assert plan_layout(8, 2, 16, 3).micro_steps == 3
+    assert resolve_layout(8, 2, 16, 3).micro_steps == 3
 
 
 def test_loader_checks_layout_before_reading(make_recipe: Any, tok: TokenizerInfo) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from zephon.errors import StateError
-from zephon.lanes.documents import PlanLaneDocs
-from zephon.lanes.shuffle import SourcePlan, keyed_permutation
+from zephon.lanes.documents import ShuffledLaneDocs
+from zephon.lanes.shuffle import SourceShuffle, keyed_permutation
 from zephon.recipe.phases import Phase, Segment
 from zephon.state.lane_count_deal import Deal, build_lane_docs, deal_source
 from zephon.state.segment_boundary import enter_segment
@@ -29,8 +29,8 @@ BEFORE = segment(0, 0, 2)  # 2 rows a lane a step: the boundary row is 4
 
 def ctx(deals: dict[str, list] | None = None, per_lane_walk: bool = False) -> Any:
     recipe = SimpleNamespace(sources=[SimpleNamespace(name=n) for n in NAMES])
-    plan = SimpleNamespace(per_lane_walk=per_lane_walk)
-    return SimpleNamespace(recipe=recipe, deals=deals or {}, plan=lambda i, lanes: plan)
+    order = SimpleNamespace(per_lane_walk=per_lane_walk)
+    return SimpleNamespace(recipe=recipe, deals=deals or {}, shuffle_of=lambda i, lanes: order)
 
 
 def point(lane: int, row: int = 4, carry: list | None = None, **kw: Any) -> dict[str, Any]:
@@ -154,17 +154,17 @@ def test_a_point_without_skip_tokens_is_a_boundary_point():
     assert starts[0]["skip_tokens"] == 0
 
 
-def test_a_lane_count_change_asks_each_sources_plan_and_continues_its_chain():
-    # Source b is small in the old plan (a walk per lane); a's chain so far is kept.
+def test_a_lane_count_change_asks_each_sources_shuffle_and_continues_its_chain():
+    # Source b is small in the old shuffle (a walk per lane); a's chain so far is kept.
     kept = {"phase": "p0", "lanes_before": 2, "lanes_after": 4,
             "cursors": [[0, 3, False], [0, 1, False]]}  # fmt: skip
     asked = []
 
-    def plan(i: int, lanes: int) -> Any:
+    def shuffle_of(i: int, lanes: int) -> Any:
         asked.append((i, lanes))
         return SimpleNamespace(per_lane_walk=(i == 1))
 
-    c = SimpleNamespace(recipe=ctx().recipe, deals={"a": [kept]}, plan=plan)
+    c = SimpleNamespace(recipe=ctx().recipe, deals={"a": [kept]}, shuffle_of=shuffle_of)
     points = {lane: point(lane) for lane in range(4)}
     points[2]["sources"]["b"] = {"epoch": 1, "pos": 2, "retired": False}
     starts, deals = enter_segment(c, points, BEFORE, segment(1, 2, None, lanes=2))
@@ -181,13 +181,13 @@ def test_a_lane_count_change_asks_each_sources_plan_and_continues_its_chain():
 # -- the deal itself (zephon/state/lane_count_deal.py) -------------------------------------------------------
 
 
-def plan3() -> SourcePlan:
+def shuffle3() -> SourceShuffle:
     """Built in each test, not at import: the code under test runs inside the test."""
-    return SourcePlan("s", 23, 3, 4, 7, True)  # lane blocks of epoch 0: [1, 0], [3, 4], [5, 2]
+    return SourceShuffle("s", 23, 3, 4, 7, True)  # lane blocks of epoch 0: [1, 0], [3, 4], [5, 2]
 
 
-def old_lanes() -> list[PlanLaneDocs]:
-    return [PlanLaneDocs(plan3(), lane, True) for lane in range(3)]
+def old_lanes() -> list[ShuffledLaneDocs]:
+    return [ShuffledLaneDocs(shuffle3(), lane, True) for lane in range(3)]
 
 
 CURSORS = [(0, 1, False), (0, 0, False), (1, 5, False)]
@@ -222,25 +222,27 @@ def test_retired_lanes_and_lanes_at_their_epochs_end_give_nothing():
     assert deal.pieces(0) == [[(2, 0, 0)], [(2, 1, 0)]]
 
 
-def test_a_new_lanes_documents_are_its_pieces_then_the_new_plan():
+def test_a_new_lanes_documents_are_its_pieces_then_the_new_shuffle():
     chain = [{"phase": "ph", "lanes_before": 3, "lanes_after": 2,
               "cursors": [list(c) for c in CURSORS]}]  # fmt: skip
-    new = build_lane_docs(chain, lambda n: SourcePlan("s", 23, n, 4, 7, True), True, 7, "s", True)
+    new = build_lane_docs(
+        chain, lambda n: SourceShuffle("s", 23, n, 4, 7, True), True, 7, "s", True
+    )
     lane = new[1]  # epoch 0 pieces: 3 documents of old lane 0's block 1, all of lane 1's block 3
     assert (lane.epoch_docs(0), lane.num_blocks(0), lane.repeat) == (7, 2, True)
     assert [lane.block_size(0, j) for j in range(2)] == [3, 4]
     parts = [lane.block(0, j) for j in range(2)]
     assert [(p.start, p.end) for p in parts] == [(4, 8), (12, 16)]
-    assert parts[0].order.tolist() == plan3().block_order(0, 1)[1:].tolist()
-    assert parts[1].order.tolist() == plan3().block_order(0, 3).tolist()
+    assert parts[0].order.tolist() == shuffle3().block_order(0, 1)[1:].tolist()
+    assert parts[1].order.tolist() == shuffle3().block_order(0, 3).tolist()
     assert [lane.locate(0, pos) for pos in range(7)] == [
         (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (1, 3),
     ]  # fmt: skip
-    # Past the dealt epochs: the plain plan for two lanes.
-    after = PlanLaneDocs(SourcePlan("s", 23, 2, 4, 7, True), 1, True)
+    # Past the dealt epochs: the plain shuffle for two lanes.
+    after = ShuffledLaneDocs(SourceShuffle("s", 23, 2, 4, 7, True), 1, True)
     assert (lane.epoch_docs(2), lane.num_blocks(2)) == (after.epoch_docs(2), after.num_blocks(2))
     assert [lane.locate(2, pos) for pos in (0, 5)] == [after.locate(2, pos) for pos in (0, 5)]
-    # In epoch 6 the new plan's short block (3 documents) is this lane's second.
+    # In epoch 6 the new shuffle's short block (3 documents) is this lane's second.
     assert lane.locate(6, 7) == after.locate(6, 7) == (2, 0)
     assert [lane.block_size(2, j) for j in range(3)] == [after.block_size(2, j) for j in range(3)]
     assert [(b.start, b.end) for b in (lane.block(2, j) for j in range(3))] == [
@@ -249,7 +251,7 @@ def test_a_new_lanes_documents_are_its_pieces_then_the_new_plan():
 
 
 def test_a_record_is_read_with_its_retired_lanes_and_must_cover_its_lanes():
-    plan_for = lambda n: SourcePlan("s", 23, n, 4, 7, True)  # noqa: E731
+    plan_for = lambda n: SourceShuffle("s", 23, n, 4, 7, True)  # noqa: E731
     retired = [{"phase": "ph", "lanes_before": 3, "lanes_after": 2,
                 "cursors": [[0, 1, False], [0, 0, 1], [0, 0, False]]}]  # fmt: skip
     new = build_lane_docs(retired, plan_for, True, 7, "s", False)

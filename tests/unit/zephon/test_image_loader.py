@@ -209,7 +209,7 @@ def test_each_image_header_is_parsed_once(tmp_path, monkeypatch, workers):
     ]  # the package exports a function of that name
 
     count: Counter[str] = Counter()
-    real_open, real_plan, real_prepare = header.open_image, work.plan_image, work.prepare_image
+    real_open, real_plan, real_prepare = header.open_image, work.size_image, work.prepare_image
 
     def opening(data: bytes, name: str, limit: int) -> Any:
         if not name.startswith(str(canary.CANARY_DIR)):  # the loader's own check, at start
@@ -226,7 +226,7 @@ def test_each_image_header_is_parsed_once(tmp_path, monkeypatch, workers):
 
     for module in (prepare, decode):  # where images are opened
         monkeypatch.setattr(module, "open_image", opening)
-    monkeypatch.setattr(work, "plan_image", planning)
+    monkeypatch.setattr(work, "size_image", planning)
     monkeypatch.setattr(work, "prepare_image", preparing)
     path = recipe(tmp_path, body=sources(0.5, 0.5, 0.0))
     (loader,) = ranks(path, 1, num_workers=workers, prefetch=2 if workers else 0)

@@ -21,9 +21,9 @@ from zephon.images import (
     decode_canary,
     from_patches,
     patch_positions,
-    plan_image,
     prepare_image,
     read_header,
+    size_image,
     target_size,
     to_patches,
 )
@@ -183,7 +183,7 @@ def test_bombs_are_refused_from_the_header_before_decoding(
         decode(bomb, "shard.tar: key b1", SPEC)
     big = png(9000, 8000, 8, 2, None)  # 72 MP: above the default 64 MP, below Pillow's limit
     with pytest.raises(ImageError, match=r"key b2: image of 9000 x 8000 = 72000000 pixels"):
-        plan_image(big, "key b2", SPEC)
+        size_image(big, "key b2", SPEC)
     small = jpeg(100, 120, seed=9)
     with pytest.raises(ImageError, match=r"key b3: .*exceeds max_decoded_pixels \(5000\)"):
         prepare_image(small, "key b3", ImageSpec(max_decoded_pixels=5000))
@@ -194,16 +194,16 @@ def test_bombs_are_refused_from_the_header_before_decoding(
 
 def test_decode_peak_is_known_from_the_header() -> None:
     data = jpeg(300, 400, seed=10)
-    plan = plan_image(data, "x", SPEC)
+    plan = size_image(data, "x", SPEC)
     assert plan.header.pixels == 120_000
     assert plan.decode_peak_bytes == len(data) + 120_000 * 14  # RGB: 4 stored + 10 working
     webp = encode(Image.fromarray(noise(30, 40, 1, channels=4), "RGBA"), "WEBP")
-    assert plan_image(webp, "w", SPEC).decode_peak_bytes == len(webp) + 1200 * 22
+    assert size_image(webp, "w", SPEC).decode_peak_bytes == len(webp) + 1200 * 22
 
 
 PEAK = """
 import sys
-from zephon.images import plan_image, prepare_image
+from zephon.images import size_image, prepare_image
 from zephon.recipe.spec import ImageSpec
 
 def kib(field):
@@ -212,12 +212,12 @@ def kib(field):
             return int(line.split()[1]) * 1024
 
 data = open(sys.argv[1], "rb").read()
-plan = plan_image(data, "x", ImageSpec())
+sizing = size_image(data, "x", ImageSpec())
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # the peak (VmHWM) starts again from the current resident size
 before = kib("VmRSS")
 prepare_image(data, "x", ImageSpec())
-print(kib("VmHWM") - before, plan.decode_peak_bytes - len(data))
+print(kib("VmHWM") - before, sizing.decode_peak_bytes - len(data))
 """
 
 

@@ -27,7 +27,7 @@ from helpers.corpus import COMMITTED_TOKENIZER, synthetic_docs, write_jsonl
 from helpers.loader import close, make_ranks, save, step_digests
 
 from zephon import ZephonLoader
-from zephon.lanes.documents import PlanLaneDocs
+from zephon.lanes.documents import ShuffledLaneDocs
 from zephon.lanes.shuffle import keyed_permutation
 from zephon.state.segment_boundary import enter_segment
 
@@ -138,7 +138,7 @@ def test_new_lane_j_gets_the_tails_of_old_lanes_j_mod_new_and_dealt_pieces(
         }
         assert not any(p["sources"][spec.name]["retired"] for p in points.values())
         first, last = min(e for e, _ in cursors.values()), max(e for e, _ in cursors.values())
-        plain = [PlanLaneDocs(ctx.plan(i, old), lane, True) for lane in range(old)]
+        plain = [ShuffledLaneDocs(ctx.shuffle_of(i, old), lane, True) for lane in range(old)]
         for lane in range(new):  # every new lane starts at the first dealt epoch
             got = starts[lane]["sources"][spec.name]
             assert (got["epoch"], got["pos"], got["retired"]) == (first, 0, False)

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from zephon.lanes.documents import LaneDocs, PlanLaneDocs
-from zephon.lanes.shuffle import SourcePlan, keyed_permutation
+from zephon.lanes.documents import LaneDocs, ShuffledLaneDocs
+from zephon.lanes.shuffle import SourceShuffle, keyed_permutation
 from zephon.state.lane_count_deal import Cursor, build_lane_docs, deal_source
 
 NAME = "src"
@@ -92,16 +92,16 @@ class Source:
     def __init__(self, spec: dict[str, Any]):
         self.spec, self.plans = spec, {}
 
-    def plan(self, lanes: int) -> SourcePlan:
+    def plan(self, lanes: int) -> SourceShuffle:
         s = self.spec
         if lanes not in self.plans:
-            self.plans[lanes] = SourcePlan(
+            self.plans[lanes] = SourceShuffle(
                 NAME, s["num_docs"], lanes, s["block_size"], s["seed"], s["shuffle"]
             )
         return self.plans[lanes]
 
     def plain(self, lanes: int) -> list[LaneDocs]:
-        return [PlanLaneDocs(self.plan(lanes), j, self.spec["repeat"]) for j in range(lanes)]
+        return [ShuffledLaneDocs(self.plan(lanes), j, self.spec["repeat"]) for j in range(lanes)]
 
     def after(self, chain: list[dict[str, Any]], lanes: int) -> list[LaneDocs]:
         """The new lanes: dealt through the chain, or the plain plan without one."""
@@ -225,7 +225,7 @@ def test_a_per_lane_walk_source_starts_the_new_lanes_at_the_first_epoch_none_beg
     the first epoch no old lane had drawn from (DESIGN §12's exemption)."""
     lanes = n + more
     new += new >= lanes  # a change: any other lane count
-    assert SourcePlan(NAME, n, lanes, 4, 0, True).per_lane_walk
+    assert SourceShuffle(NAME, n, lanes, 4, 0, True).per_lane_walk
     cursors = []  # each lane walks all n documents every epoch
     for _ in range(lanes):
         if repeat:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from zephon import LayoutError, plan_layout
+from zephon import LayoutError, resolve_layout
 
 
 @st.composite
@@ -29,7 +29,7 @@ def shapes(draw: st.DrawFn) -> tuple[int, int, int, int | None]:
 @given(shapes())
 def test_rank_r_owns_lanes_floor_rl_over_d_to_floor_r1l_over_d(shape):
     lanes, dp, g, micro = shape
-    layout = plan_layout(lanes, dp, g, micro)
+    layout = resolve_layout(lanes, dp, g, micro)
     for r in range(dp):
         lo, hi = floor(Fraction(r * lanes, dp)), floor(Fraction((r + 1) * lanes, dp))
         assert layout.lanes_of(r) == range(lo, hi)
@@ -41,7 +41,7 @@ def test_ranks_local_batches_concatenate_to_the_lane_major_global_batch(shape):
     every lane once, in order, with floor(L/D) or ceil(L/D) lanes each, and
     exactly L mod D ranks own the larger share."""
     lanes, dp, g, micro = shape
-    layout = plan_layout(lanes, dp, g, micro)
+    layout = resolve_layout(lanes, dp, g, micro)
     per_lane = g // lanes
     canonical = [(lane, i) for lane in range(lanes) for i in range(per_lane)]
     local = [[(lane, i) for lane in layout.lanes_of(r) for i in range(per_lane)] for r in range(dp)]
@@ -55,7 +55,7 @@ def test_ranks_local_batches_concatenate_to_the_lane_major_global_batch(shape):
 @given(shapes())
 def test_every_rank_runs_the_largest_ranks_rows_rounded_up_to_micro_batches(shape):
     lanes, dp, g, micro = shape
-    layout = plan_layout(lanes, dp, g, micro)
+    layout = resolve_layout(lanes, dp, g, micro)
     rows = [len(range(r * lanes // dp, (r + 1) * lanes // dp)) * (g // lanes) for r in range(dp)]
     most = max(rows)
     m = micro or most  # no micro-batch size: one micro-batch of the largest rank's rows
@@ -75,14 +75,14 @@ def test_every_rank_runs_the_largest_ranks_rows_rounded_up_to_micro_batches(shap
 @given(shapes(), st.floats(0.0, 1.0))
 def test_max_idle_share_refuses_exactly_the_layouts_above_it(shape, allowed):
     lanes, dp, g, micro = shape
-    run = plan_layout(lanes, dp, g, micro)
+    run = resolve_layout(lanes, dp, g, micro)
     idle = run.total_padded_rows / (dp * run.rows_per_rank)
     if idle > allowed:
         with pytest.raises(LayoutError, match="of the compute idles, more than the allowed"):
-            plan_layout(lanes, dp, g, micro, max_idle_share=allowed)
+            resolve_layout(lanes, dp, g, micro, max_idle_share=allowed)
     else:
-        assert plan_layout(lanes, dp, g, micro, max_idle_share=allowed) == run
-    assert plan_layout(lanes, dp, g, micro, max_idle_share=idle) == run  # at the bound: runs
+        assert resolve_layout(lanes, dp, g, micro, max_idle_share=allowed) == run
+    assert resolve_layout(lanes, dp, g, micro, max_idle_share=idle) == run  # at the bound: runs
 
 
 @given(st.integers(1, 256), st.integers(1, 300), st.integers(1, 2000))
@@ -91,12 +91,12 @@ def test_each_broken_divisibility_rule_raises_naming_its_numbers(lanes, dp, g):
     shape with D <= L and L | G plans."""
     if dp > lanes:
         with pytest.raises(LayoutError, match=f"data-parallel size {dp} exceeds the lane count"):
-            plan_layout(lanes, dp, g)
+            resolve_layout(lanes, dp, g)
     elif g % lanes:
         with pytest.raises(LayoutError, match=f"global batch size {g} is not divisible by the"):
-            plan_layout(lanes, dp, g)
+            resolve_layout(lanes, dp, g)
     else:
-        assert plan_layout(lanes, dp, g).lanes == lanes
+        assert resolve_layout(lanes, dp, g).lanes == lanes
 
 
 @given(shapes(), st.integers(-3, 3))
@@ -105,11 +105,11 @@ def test_a_rank_outside_the_group_is_refused(shape, beyond):
     rank = dp + beyond if beyond >= 0 else beyond
     assume(not 0 <= rank < dp)
     with pytest.raises(LayoutError, match=f"data-parallel rank {rank} is outside"):
-        plan_layout(lanes, dp, g, micro).lanes_of(rank)
+        resolve_layout(lanes, dp, g, micro).lanes_of(rank)
 
 
 @given(st.integers(-2, 0), st.integers(1, 8), st.sampled_from(["lanes", "dp", "g"]))
 def test_sizes_below_one_are_refused(bad, ok, which):
     args = {"lanes": ok, "dp": ok, "g": ok, which: bad}
     with pytest.raises(LayoutError, match="must all be >= 1"):
-        plan_layout(args["lanes"], args["dp"], args["g"])
+        resolve_layout(args["lanes"], args["dp"], args["g"])

@@ -9,48 +9,48 @@ from __future__ import annotations
 
 import pytest
 
-from zephon import LayoutError, plan_layout
+from zephon import LayoutError, resolve_layout
 from zephon.recipe.layout import lanes_of_rank
 
 
 def test_describe_names_every_number_of_the_layout():
-    assert plan_layout(8, 3, 16, 2).describe() == (
+    assert resolve_layout(8, 3, 16, 2).describe() == (
         "lanes=8 dp=3 global_batch=16 rows/lane/step=2 rows/rank=6 micro_batch=2 "
         "micro_steps=3 idle=11.1%"
     )
     # The default micro-batch: the largest rank's rows (10 lanes of 1 row), whole.
-    assert plan_layout(64, 7, 64).describe() == (
+    assert resolve_layout(64, 7, 64).describe() == (
         "lanes=64 dp=7 global_batch=64 rows/lane/step=1 rows/rank=10 micro_batch=10 "
         "micro_steps=1 idle=8.6%"
     )
 
 
 def test_the_padding_note_counts_ranks_rows_and_idle_compute():
-    assert plan_layout(8, 3, 16, 2).imbalance() == (
+    assert resolve_layout(8, 3, 16, 2).imbalance() == (
         "padded layout: 8 lanes over 3 data-parallel ranks, rows per rank 4 on 1 rank, "
         "6 on 2 ranks; every rank runs 6 rows (3 micro-batches of 2), so 2 of the 18 rows "
         "run per step are padding: 11.1% of the compute idles"
     )
-    assert plan_layout(8, 2, 16, 3).imbalance() == (
+    assert resolve_layout(8, 2, 16, 3).imbalance() == (
         "padded layout: 8 lanes over 2 data-parallel ranks, rows per rank 8 on 2 ranks; "
         "every rank runs 9 rows (3 micro-batches of 3), so 2 of the 18 rows run per step "
         "are padding: 11.1% of the compute idles"
     )
-    assert plan_layout(8, 2, 16).imbalance() is None
+    assert resolve_layout(8, 2, 16).imbalance() is None
 
 
 def test_alternatives_list_the_sizes_that_run_without_padding():
-    assert plan_layout(8, 3, 16, 2).even_alternatives() == (
+    assert resolve_layout(8, 3, 16, 2).even_alternatives() == (
         "data-parallel sizes without padding: 1, 2, 4, 8"
     )
-    assert plan_layout(12, 4, 24, 2).even_alternatives() == (
+    assert resolve_layout(12, 4, 24, 2).even_alternatives() == (
         "data-parallel sizes without padding: 1, 2, 3, 4, 6, 12; "
         "micro-batch sizes without padding: 1, 2, 3, 6"
     )
-    assert plan_layout(8, 2, 16, 3).even_alternatives() == (
+    assert resolve_layout(8, 2, 16, 3).even_alternatives() == (
         "data-parallel sizes without padding: none; micro-batch sizes without padding: 1, 2, 4, 8"
     )
-    assert plan_layout(4, 3, 4, 3).even_alternatives() == (
+    assert resolve_layout(4, 3, 4, 3).even_alternatives() == (
         "data-parallel sizes without padding: none"
     )
 
@@ -90,7 +90,7 @@ def test_alternatives_list_the_sizes_that_run_without_padding():
 )
 def test_refusals_name_their_numbers(args, message):
     with pytest.raises(LayoutError) as info:
-        plan_layout(*args)
+        resolve_layout(*args)
     assert str(info.value) == message
 
 

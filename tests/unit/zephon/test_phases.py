@@ -17,9 +17,9 @@ from helpers.packing import DOCS, PAD, ROW, ListLane
 from helpers.packing import SOURCES as KINDS
 
 from zephon import LayoutError, RecipeError, StateError, ZephonLoader, load_recipe, load_tokenizer
-from zephon.lanes.documents import PlanLaneDocs
+from zephon.lanes.documents import ShuffledLaneDocs
 from zephon.lanes.packing import BestFitPacker, ConcatPacker, RowBuilder
-from zephon.lanes.shuffle import SourcePlan
+from zephon.lanes.shuffle import SourceShuffle
 from zephon.recipe.phases import resolve_phases
 from zephon.state.checkpoint_state import boundary_of, started_phases
 from zephon.state.lane_count_deal import build_lane_docs, deal_source
@@ -236,8 +236,8 @@ def test_deal_draws_each_document_once_per_epoch_and_chains():
     """Old lanes stand in different epochs; what they drew plus what the new lanes
     draw is every document exactly once per epoch, through two chained changes."""
     n, epochs = 53, range(1, 6)
-    plans = {lanes: SourcePlan("s", n, lanes, 4, 9, True) for lanes in (4, 6, 3)}
-    old: list[Any] = [PlanLaneDocs(plans[4], lane, True) for lane in range(4)]
+    plans = {lanes: SourceShuffle("s", n, lanes, 4, 9, True) for lanes in (4, 6, 3)}
+    old: list[Any] = [ShuffledLaneDocs(plans[4], lane, True) for lane in range(4)]
     cursors: list[Any] = [(2, 3, False), (1, 10, False), (1, 0, False), (2, 11, False)]
     drawn = _draws(old, cursors, epochs)
     chain, starts = deal_source([], cursors, False, 6, "b")

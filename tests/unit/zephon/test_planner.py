@@ -15,9 +15,9 @@ import numpy as np
 from zephon.demand.feeds import Feed, FeedStart, Slot
 from zephon.demand.planner import NeedPlanner, StepMap, UniformSteps
 from zephon.images.budget import ImageBytes
-from zephon.lanes.documents import BlockPart, LaneDocs, PlanLaneDocs
+from zephon.lanes.documents import BlockPart, LaneDocs, ShuffledLaneDocs
 from zephon.lanes.packing import held_rows
-from zephon.lanes.shuffle import SourcePlan
+from zephon.lanes.shuffle import SourceShuffle
 from zephon.recipe.phases import NEVER, Phase, Segment, SegmentSteps
 
 STEP = 10  # tokens one lane gives per step
@@ -207,8 +207,8 @@ def test_a_paused_source_is_not_planned_unless_a_lane_waits_on_it():
 
 
 def test_a_feed_reads_the_plans_documents_across_blocks_and_epochs():
-    plan = SourcePlan("s", 37, 3, 4, seed=5, shuffle=True)
-    docs = PlanLaneDocs(plan, lane=1, repeat=True)
+    plan = SourceShuffle("s", 37, 3, 4, seed=5, shuffle=True)
+    docs = ShuffledLaneDocs(plan, lane=1, repeat=True)
     planner = NeedPlanner(1000, UniformSteps(STEP))
     ld = planner.add_lane(1, [0], 0, [1.0], "tokens")
     # Start at the third document of the lane's epoch 0.

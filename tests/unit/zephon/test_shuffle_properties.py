@@ -14,7 +14,7 @@ from collections import Counter
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from zephon.lanes.shuffle import SourcePlan, keyed_permutation
+from zephon.lanes.shuffle import SourceShuffle, keyed_permutation
 
 MASK = (1 << 64) - 1
 
@@ -57,7 +57,7 @@ def test_different_keys_give_different_permutations(n, key_a, key_b, block_a, bl
 
 @st.composite
 def plan_args(draw: st.DrawFn) -> dict:
-    """SourcePlan's arguments: a few to a few hundred documents over up to 12 lanes."""
+    """SourceShuffle's arguments: a few to a few hundred documents over up to 12 lanes."""
     return {
         "name": draw(names),
         "num_docs": draw(st.integers(1, 12) | st.integers(1, 300)),  # often under the lanes
@@ -91,7 +91,7 @@ def expected_lanes(args: dict, epoch: int) -> list[list[int]]:
     return out
 
 
-def plan_lane(plan: SourcePlan, epoch: int, lane: int) -> list[int]:
+def plan_lane(plan: SourceShuffle, epoch: int, lane: int) -> list[int]:
     """A lane's documents of `epoch` as the plan gives them, block by block."""
     docs: list[int] = []
     for b in plan.lane_blocks(epoch, lane)[0].tolist():
@@ -102,7 +102,7 @@ def plan_lane(plan: SourcePlan, epoch: int, lane: int) -> list[int]:
 
 @given(plan_args(), epochs)
 def test_each_lanes_documents_follow_the_keyed_block_deal(args, epoch):
-    plan = SourcePlan(**args)
+    plan = SourceShuffle(**args)
     want = expected_lanes(args, epoch)
     got = [plan_lane(plan, epoch, lane) for lane in range(args["lanes"])]
     assert got == want
@@ -114,7 +114,7 @@ def test_an_epoch_visits_every_document_once_across_lanes(args, epoch):
     """Every lane has documents; over one epoch the lanes together read each
     document exactly once (a source with fewer documents than lanes: each lane reads
     each document once)."""
-    plan = SourcePlan(**args)
+    plan = SourceShuffle(**args)
     n, lanes = args["num_docs"], args["lanes"]
     got = [plan_lane(plan, epoch, lane) for lane in range(lanes)]
     assert all(got)
@@ -127,7 +127,7 @@ def test_an_epoch_visits_every_document_once_across_lanes(args, epoch):
 
 @given(plan_args(), epochs, st.data())
 def test_locate_finds_the_pos_th_document_of_a_lane(args, epoch, data):
-    plan = SourcePlan(**args)
+    plan = SourceShuffle(**args)
     lane = data.draw(st.integers(0, args["lanes"] - 1))
     docs = expected_lanes(args, epoch)[lane]
     pos = data.draw(st.integers(0, len(docs) - 1))

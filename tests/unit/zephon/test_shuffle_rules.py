@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from zephon.errors import LayoutError
-from zephon.lanes.shuffle import SourcePlan, _key, _splitmix64, keyed_permutation
+from zephon.lanes.shuffle import SourceShuffle, _key, _splitmix64, keyed_permutation
 
 
 def test_splitmix64_is_the_reference_generator():
@@ -42,7 +42,7 @@ def test_keyed_permutations_are_fixed_by_n_and_the_key():
 
 
 def test_blocks_are_dealt_to_lanes_in_the_epochs_block_order():
-    plan = SourcePlan("prose", 23, 3, 4, 7, True)
+    plan = SourceShuffle("prose", 23, 3, 4, 7, True)
     assert (plan.per_lane_walk, plan.block_size, plan.num_blocks) == (False, 4, 6)
     assert [plan.block_range(b) for b in range(6)] == [
         (0, 4), (4, 8), (8, 12), (12, 16), (16, 20), (20, 23),
@@ -67,12 +67,12 @@ def test_blocks_are_dealt_to_lanes_in_the_epochs_block_order():
 
 
 def test_a_position_is_a_block_of_the_lane_and_an_offset_in_it():
-    plan = SourcePlan("prose", 23, 3, 4, 7, True)
+    plan = SourceShuffle("prose", 23, 3, 4, 7, True)
     assert [plan.locate(0, 1, pos) for pos in (0, 2, 3, 6)] == [(0, 0), (0, 2), (1, 0), (1, 3)]
 
 
 def test_inside_a_block_documents_follow_their_own_keyed_order():
-    plan = SourcePlan("prose", 23, 3, 4, 7, True)
+    plan = SourceShuffle("prose", 23, 3, 4, 7, True)
     assert plan.block_order(0, 5).tolist() == [0, 2, 1]
     assert (
         plan.block_order(0, 5).tolist() == keyed_permutation(3, 7, "prose", 0, "block", 5).tolist()
@@ -82,23 +82,23 @@ def test_inside_a_block_documents_follow_their_own_keyed_order():
 
 
 def test_without_shuffle_blocks_and_documents_keep_their_order():
-    plan = SourcePlan("prose", 23, 3, 4, 7, False)
+    plan = SourceShuffle("prose", 23, 3, 4, 7, False)
     assert [plan.lane_blocks(0, lane)[0].tolist() for lane in range(3)] == [[0, 3], [1, 4], [2, 5]]
     assert plan.block_order(0, 5).tolist() == [0, 1, 2]
     assert plan.block_order(0, 2).dtype == np.int64
-    assert SourcePlan("tiny", 3, 5, 4, 7, False).block_order(0, 1).tolist() == [0, 1, 2]
+    assert SourceShuffle("tiny", 3, 5, 4, 7, False).block_order(0, 1).tolist() == [0, 1, 2]
 
 
 def test_blocks_shrink_so_every_lane_owns_one():
-    plan = SourcePlan("few", 10, 4, 64, 7, True)
+    plan = SourceShuffle("few", 10, 4, 64, 7, True)
     assert (plan.block_size, plan.num_blocks) == (2, 5)
-    one = SourcePlan("one", 1, 1, 64, 7, True)
+    one = SourceShuffle("one", 1, 1, 64, 7, True)
     assert (one.per_lane_walk, one.block_size, one.num_blocks) == (False, 1, 1)
     assert one.lane_blocks(3, 0)[1].tolist() == [0, 1]
 
 
 def test_a_small_source_gives_each_lane_its_own_walk_of_every_document():
-    plan = SourcePlan("tiny", 3, 5, 4, 7, True)
+    plan = SourceShuffle("tiny", 3, 5, 4, 7, True)
     assert (plan.per_lane_walk, plan.block_size, plan.num_blocks) == (True, 3, 5)
     assert [plan.lane_blocks(0, lane)[0].tolist() for lane in range(5)] == [[0], [1], [2], [3], [4]]
     assert plan.lane_blocks(2, 2)[1].tolist() == [0, 3] and plan.block_range(4) == (0, 3)
@@ -107,11 +107,11 @@ def test_a_small_source_gives_each_lane_its_own_walk_of_every_document():
     ]  # fmt: skip
     assert plan.block_order(0, 3).tolist() == keyed_permutation(3, 7, "tiny", 0, "lane", 3).tolist()
     # As many documents as lanes: each lane its own block of one.
-    even = SourcePlan("even", 5, 5, 4, 7, True)
+    even = SourceShuffle("even", 5, 5, 4, 7, True)
     assert (even.per_lane_walk, even.block_size, even.num_blocks) == (False, 1, 5)
 
 
 def test_a_source_without_documents_is_refused():
     with pytest.raises(LayoutError) as info:
-        SourcePlan("empty", 0, 2, 4, 7, True)
+        SourceShuffle("empty", 0, 2, 4, 7, True)
     assert str(info.value) == "source 'empty' has no documents"

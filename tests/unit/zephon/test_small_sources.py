@@ -13,12 +13,12 @@ from helpers.corpus import synthetic_docs
 from helpers.loader import close, make_ranks, save, step_digests
 
 from zephon import ZephonLoader
-from zephon.lanes.shuffle import SourcePlan
+from zephon.lanes.shuffle import SourceShuffle
 from zephon.tokenize.tokenizer import encode_texts, load_tokenizer
 
 
 def test_plan_gives_every_lane_its_own_walk_of_all_documents() -> None:
-    plan = SourcePlan("tiny", 12, 24, block_size=128, seed=7, shuffle=True)
+    plan = SourceShuffle("tiny", 12, 24, block_size=128, seed=7, shuffle=True)
     orders = set()
     for epoch in (0, 1):
         for lane in range(24):
@@ -30,8 +30,8 @@ def test_plan_gives_every_lane_its_own_walk_of_all_documents() -> None:
             orders.add(order)
     assert len(orders) > 40  # lanes and epochs walk in different orders
     # Sources with at least one document per lane keep their block layout.
-    assert not SourcePlan("even", 24, 24, 128, 7, True).per_lane_walk
-    unshuffled = SourcePlan("tiny", 12, 24, 128, 7, False)
+    assert not SourceShuffle("even", 24, 24, 128, 7, True).per_lane_walk
+    unshuffled = SourceShuffle("tiny", 12, 24, 128, 7, False)
     assert list(unshuffled.block_order(3, 5)) == list(range(12))
 
 

@@ -154,7 +154,7 @@ def test_image_decoding_is_charged_to_image_and_text_never_enters_it(
     cpu = FakeCPU()
     monkeypatch.setattr(stage_profile, "_thread_cpu_ns", cpu.now)
     monkeypatch.setattr(work, "prepare_image", cpu.wrap("image", work.prepare_image))
-    monkeypatch.setattr(work, "plan_image", cpu.wrap("header", work.plan_image))
+    monkeypatch.setattr(work, "size_image", cpu.wrap("header", work.size_image))
     runs = {}
     for on in (False, True):
         cpu.calls.clear()

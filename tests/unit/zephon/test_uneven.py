@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers.loader import close, make_ranks, save, step_digests
 
-from zephon import IGNORE_INDEX, plan_layout
+from zephon import IGNORE_INDEX, resolve_layout
 
 LANES, G, MICRO, STEPS = 64, 64, 4, 8
 SIZES = (1, 5, 6, 7, 12, 48, 56, 64)
@@ -40,7 +40,7 @@ def test_every_size_up_to_the_lanes_gives_the_same_bytes(recipe64, tokenizer_pat
     ref_digests = None
     for dp in SIZES:
         loaders = ranks(recipe64, tokenizer_path, dp)
-        layout = plan_layout(LANES, dp, G, MICRO)
+        layout = resolve_layout(LANES, dp, G, MICRO)
         for step, full in enumerate(reference):
             parts = [ld.next_batch() for ld in loaders]
             # Each rank hands over its real rows only, and says how many every rank runs.
@@ -60,7 +60,7 @@ def test_every_size_up_to_the_lanes_gives_the_same_bytes(recipe64, tokenizer_pat
 
 @pytest.mark.parametrize("dp", [5, 7, 56])
 def test_smaller_ranks_pad_to_the_same_micro_steps(recipe64, tokenizer_path, dp):
-    layout = plan_layout(LANES, dp, G, MICRO)
+    layout = resolve_layout(LANES, dp, G, MICRO)
     assert layout.total_padded_rows > 0
     loaders = ranks(recipe64, tokenizer_path, dp)
     for rank, loader in enumerate(loaders):
