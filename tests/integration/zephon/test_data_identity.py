@@ -8,7 +8,7 @@ same files reached by another path resume; a changed file is refused by name.
 written by the code before content fingerprints (state version 2, recipe
 digests over paths relative to the recipe folder), with the digests of its
 uninterrupted run in `digests_phased_v2.json`. Written once:
-    PYTHONPATH=tests python tests/unit/zephon/test_data_identity.py --write
+    PYTHONPATH=tests python tests/integration/zephon/test_data_identity.py --write
 """
 
 from __future__ import annotations
