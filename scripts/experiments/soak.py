@@ -271,6 +271,8 @@ def inject(cluster: Cluster, kind: str, rng: random.Random, timeout: float) -> d
         job = cluster.nodes[node]
         assert job is not None
         code = job.wait(timeout)
+        # The step in flight still completes on every rank: recovery counts from the exit.
+        cluster.stopped_at = time.time()
         rec.update(node=node, exits=[code])
         if cluster.alive():
             rec["relaunched_by"] = "scheduler (exit 3, this node)" if code == REQUEUE else None
