@@ -1,7 +1,7 @@
 """Benchmark of the image pipeline: Zephon against the raw image work and the conventional path.
 
 Two generated image-caption corpora (WebDataset shards written by the sample
-generator, scripts/sample_images.py: JPEG and PNG scenes with captions),
+generator, harness/sample_images.py: JPEG and PNG scenes with captions),
 each with image settings of its own (`CORPORA`):
 
 - web: scenes of 192 to 768 pixels a side, the sizes of web image-caption
@@ -28,7 +28,7 @@ a. pipeline: `ZephonLoader` over a captions recipe (8 lanes, best_fit, 32 rows
    (`lookahead_bytes`), for the default budget and for a tight one
    (`--tight-budget-mib`);
 b. raw: the same images' bytes, held in memory, through the exact functions
-   the loader's workers call per image (zephon/images/work.py: `plan_image`
+   the loader's workers call per image (zephon/images/work.py: `size_image`
    when read, keeping the opened image, then `prepare_image` on it = decode +
    resize + patchify, and `image_digest`,
    the pixel hash of the batch digest) in a thread pool of `--workers` threads;
@@ -82,10 +82,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_pipeline import quote_in_page, script_module
+
+from harness import sample_images  # the sample generator
+from harness.train import quote_in_page
 
 REPO = Path(__file__).resolve().parents[1]
-sample_images = script_module("sample_images")  # the sample generator, scripts/
 
 TOKENIZER = REPO / "assets" / "tokenizer" / "tokenizer.json"
 RESULTS = REPO / "docs" / "results" / "bench_images.json"
@@ -282,11 +283,11 @@ def raw_images(
     images: list[tuple[str, bytes]], spec: Any, workers: int, digest: bool
 ) -> dict[str, Any]:
     """The workers' per-image calls over `images` in `workers` threads (order kept)."""
-    from zephon.images import image_digest, plan_image, prepare_image
+    from zephon.images import image_digest, prepare_image, size_image
 
     def one(item: tuple[str, bytes]) -> int:
         name, data = item
-        plan = plan_image(data, name, spec, keep_open=True)
+        plan = size_image(data, name, spec, keep_open=True)
         out = prepare_image(data, name, spec, plan)  # the plan's opened image, as the workers
         if digest:
             image_digest(out.grid, out.patches)
@@ -499,9 +500,9 @@ def per_image(profile: dict[str, Any], images: int) -> dict[str, float]:
 
 def _sizes(images: list[tuple[str, bytes]], spec: Any) -> list[tuple[int, int]]:
     """Stored (width, height) of each image, from its header."""
-    from zephon.images import plan_image
+    from zephon.images import size_image
 
-    return [plan_image(data, name, spec).header.stored_size for name, data in images]
+    return [size_image(data, name, spec).header.stored_size for name, data in images]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -121,32 +121,18 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def script_module(name: str) -> ModuleType:
-    """A module of scripts/ (the sample generators), loaded from its file: a benchmark
-    run as `python benchmarks/X.py` has benchmarks/ on its path, not scripts/."""
-    if name in sys.modules:  # under pytest, scripts/ is on the path already
+def script_module(name: str, folder: str = "tools") -> ModuleType:
+    """A script of scripts/<folder>/ (the sample corpus builder), loaded from its file:
+    a benchmark run as `python benchmarks/X.py` has benchmarks/ on its path, not
+    scripts/tools/."""
+    if name in sys.modules:  # loaded already (under pytest, scripts/tools/ is on the path)
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / folder / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up while it runs
     spec.loader.exec_module(module)
     return module
-
-
-def quote_in_page(page: str, name: str, text: str) -> None:
-    """Put `text` between the `<!-- name:begin -->` and `<!-- name:end -->` markers of
-    `page`, a documentation page given relative to the repository (each benchmark
-    names its page as QUOTED_IN): figures the docs quote are written by their script,
-    never by hand. Nothing happens when the page or its markers are missing.
-    (scripts/ has the same helper in train_harness.py: the two folders do not import
-    each other.)"""
-    path = REPO / page
-    body = path.read_text() if path.is_file() else ""
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    if begin in body and end in body:
-        head, rest = body.split(begin, 1)
-        path.write_text(head + begin + "\n" + text + rest[rest.index(end) :])
 
 
 def loadavg() -> str:

@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_pipeline import quote_in_page
+
+from harness.train import quote_in_page
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "assets" / "tokenizer" / "tokenizer.json"

@@ -59,9 +59,10 @@ from typing import Any
 import numpy as np
 
 # `python benchmarks/bench_throughput.py` puts benchmarks/ first on sys.path.
-from bench_pipeline import batch_tokens, loadavg, machine_info, quote_in_page, script_module
+from bench_pipeline import batch_tokens, loadavg, machine_info, script_module
 from bench_scale import make_corpus
 
+from harness.train import quote_in_page
 from zephon import Recipe, TokenizerInfo, ZephonLoader, load_recipe, load_tokenizer
 from zephon.sources import SourceReader
 from zephon.sources.gzipped import clear_chunk_cache
@@ -92,7 +93,7 @@ def web_3kb_length(rng: np.random.Generator) -> tuple[int, bool]:
 
 def make_mix(folder: Path) -> None:
     """The bundled prose as Parquet, and every standard-library source file, whole,
-    as gzip JSONL (written once; the files of scripts/build_sample_data.py)."""
+    as gzip JSONL (written once; the files of scripts/tools/build_sample_data.py)."""
     import sysconfig
 
     sample = script_module("build_sample_data")

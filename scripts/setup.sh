@@ -15,4 +15,4 @@ fi
 # Pinned versions; torch==2.13.0 is the CPU build (a bare 'torch' would pull CUDA wheels).
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-ci.txt
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
-.venv/bin/python scripts/build_sample_data.py --out data/sample
+.venv/bin/python scripts/tools/build_sample_data.py --out data/sample

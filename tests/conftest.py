@@ -2,35 +2,15 @@
 
 from __future__ import annotations
 
-import gzip
-import json
 import locale
 import os
-import random
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from helpers.corpus import COMMITTED_TOKENIZER, synthetic_docs, write_jsonl
 from hypothesis import settings
-
-REPO = Path(__file__).resolve().parents[1]
-COMMITTED_TOKENIZER = REPO / "assets" / "tokenizer" / "tokenizer.json"
-WORDS = (
-    "the of and to in is that for it as with was on be by this are or from at an which "
-    "data lane batch token model train resume rank worker shard epoch seed pack row "
-    "river stone cloud green quick brown fox jumps over lazy dog def return class import"
-).split()
-
-
-def synthetic_docs(n: int, seed: int, min_words: int = 3, max_words: int = 120) -> list[str]:
-    """Documents of widely varying length, deterministic in (n, seed)."""
-    rng = random.Random(seed)
-    docs = []
-    for i in range(n):
-        k = rng.choice([rng.randint(min_words, 12), rng.randint(min_words, max_words)])
-        docs.append(f"doc{i} " + " ".join(rng.choice(WORDS) for _ in range(k)))
-    return docs
 
 
 @pytest.fixture(scope="session")
@@ -52,13 +32,6 @@ def tokenizer_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     tok.save(str(path))
     return str(path)
-
-
-def write_jsonl(path: Path, docs: list[str], field: str = "text", gz: bool = False) -> None:
-    opener = gzip.open if gz else open
-    with opener(path, "wt", encoding="utf-8") as f:
-        for i, text in enumerate(docs):
-            f.write(json.dumps({"id": f"{path.stem}-{i}", field: text}) + "\n")
 
 
 RecipeFactory = Callable[..., Path]
@@ -111,23 +84,12 @@ def make_recipe(tmp_path: Path) -> RecipeFactory:
 
 
 @pytest.fixture(scope="session")
-def zephon_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    """The debug model trained on 4 processes for 6 steps, checkpoint at step 3."""
-    from train_helpers import ensure_sample_data, metrics, ok, torchrun
-
-    ensure_sample_data()
-    dump = tmp_path_factory.mktemp("ref4")
-    ok(torchrun(4, dump))
-    return dump, metrics(dump)
-
-
-@pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
-    """One moto S3 server for the session (tests/s3_server.py), with test credentials
+    """One moto S3 server for the session (tests/helpers/s3_server.py), with test credentials
     in the environment while it runs; each test module uses its own bucket."""
     pytest.importorskip("s3fs")
     pytest.importorskip("moto.server")
-    from s3_server import CREDENTIALS, start_moto
+    from helpers.s3_server import CREDENTIALS, start_moto
 
     saved = {k: os.environ.get(k) for k in CREDENTIALS}
     os.environ.update(CREDENTIALS)
@@ -156,7 +118,7 @@ def ascii_locale() -> Iterator[None]:
         locale.setlocale(locale.LC_CTYPE, old)
 
 
-# -- hypothesis: the property tests' profile (tests/test_properties_*.py) ----------------
+# -- hypothesis: the property tests' profile (tests/unit/zephon/test_*_properties.py) -----
 # "ci" is derandomized, so every run tries the same examples (a failure reproduces), and
 # writes no example database. HYPOTHESIS_PROFILE=thorough searches wider, by hand.
 settings.register_profile("ci", derandomize=True, max_examples=50, deadline=None, database=None)

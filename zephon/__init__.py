@@ -27,7 +27,7 @@ from zephon.digest import global_batch_digest, rows_digest
 from zephon.errors import DataError, LayoutError, RecipeError, StateError, ZephonError
 from zephon.files import atomic_write
 from zephon.loader import ZephonLoader
-from zephon.recipe.layout import Layout, lanes_of_rank, plan_layout
+from zephon.recipe.layout import Layout, lanes_of_rank, resolve_layout
 from zephon.recipe.phases import Phase, PhaseTimeline, resolve_phases
 from zephon.recipe.spec import Recipe, SourceSpec, load_recipe
 from zephon.state.checkpoint_state import boundary_of, merge_rank_states
@@ -35,9 +35,9 @@ from zephon.tokenize.tokenizer import TokenizerInfo, load_tokenizer, tokenizer_f
 from zephon.tools.mixture_report import MixtureRow
 
 __all__ = [
-    "IGNORE_INDEX",
     "Batch",
     "DataError",
+    "IGNORE_INDEX",
     "Layout",
     "LayoutError",
     "MixtureRow",
@@ -57,7 +57,7 @@ __all__ = [
     "load_recipe",
     "load_tokenizer",
     "merge_rank_states",
-    "plan_layout",
+    "resolve_layout",
     "resolve_phases",
     "rows_digest",
     "rows_to_batch",

@@ -111,7 +111,7 @@ class ZephonLoader:
         self.tok = resolve_tokenizer(tokenizer, self.recipe)
         self.num_workers = ex.workers if num_workers is None else num_workers
         self.prefetch = ex.prefetch if prefetch is None else prefetch
-        readers, plans = open_sources(self.recipe, cache_dir or ex.cache_dir or None)
+        readers, shuffles = open_sources(self.recipe, cache_dir or ex.cache_dir or None)
         if block_prefetch is not None:
             warnings.warn(BLOCK_PREFETCH, DeprecationWarning, stacklevel=2)
         # Lookahead: one budget in tokens for the rank; default two steps of its
@@ -123,7 +123,7 @@ class ZephonLoader:
         first = self.timeline.segments[0]
         self.profile = StageProfile() if profile else None  # kept after close, for a last look
         self.ctx = build_context(
-            self.recipe, readers, plans, self.tok, self.num_workers,
+            self.recipe, readers, shuffles, self.tok, self.num_workers,
             (self.lookahead_tokens, self.lookahead_bytes), first, self.profile,
         )  # fmt: skip
         self._scheduler: DemandExecutor | None = self.ctx.scheduler

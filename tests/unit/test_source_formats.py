@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import synthetic_docs
-from zephon_helpers import close, make_ranks, save, step_digests
+from helpers.corpus import synthetic_docs
+from helpers.loader import close, make_ranks, save, step_digests
 
 from zephon import DataError, RecipeError, StateError, load_recipe, load_tokenizer
 from zephon.sources import (

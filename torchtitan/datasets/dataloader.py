@@ -26,7 +26,7 @@ from torchtitan.datasets.coordinate_loader import batch_digest, one_loader_per_c
 from torchtitan.datasets.hf_adapter import HFBaselineAdapter
 from torchtitan.datasets.phase_timeline import DataTimeline, micro_rows
 from torchtitan.datasets.zephon_adapter import ZephonAdapter
-from zephon import Layout, LayoutError, Recipe, global_batch_digest, load_recipe, plan_layout
+from zephon import Layout, LayoutError, Recipe, global_batch_digest, load_recipe, resolve_layout
 
 logger = logging.getLogger("torchtitan")
 
@@ -270,7 +270,7 @@ def check_startup(
     micro = _job_micro_rows(cfg, t.seq_len)
     if lanes is not None:
         try:
-            return plan_layout(
+            return resolve_layout(
                 lanes, dp_size, t.global_batch_size, micro, cfg.parallelism.max_idle_share
             )
         except LayoutError as exc:

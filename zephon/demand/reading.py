@@ -57,7 +57,7 @@ def read_slots(
                     clock = current()  # header plans are image work, not reading
                     left = clock.switch(IMAGE)
                     try:
-                        values = [f.images.plan(v) for v in values]
+                        values = [f.images.size(v) for v in values]
                     finally:
                         clock.switch(left)
                 slots += [Slot(v, None, d, f) for v, d in zip(values, doc_ids, strict=True)]

@@ -8,7 +8,7 @@ Pure functions, no I/O beyond bytes in and arrays out, one job per module:
 - resize:  the size an image gets (window multiples within a pixel budget)
            and the one resample filter;
 - patches: [num_patches, 3 * p * p] uint8 in merge-window order, and back;
-- prepare: bytes -> patches for a worker, and the plan (grid, placeholder
+- prepare: bytes -> patches for a worker, and the sizing (grid, placeholder
            tokens, decode peak) known from the header alone;
 - canary:  the decode canary that tells whether two machines make the same pixels.
 
@@ -30,14 +30,14 @@ from zephon.images.pixels.patches import (
     to_patches,
 )
 from zephon.images.pixels.resize import target_size
-from zephon.images.prepare import ImagePatches, ImagePlan, plan_image, prepare_image
+from zephon.images.prepare import ImagePatches, ImageSizing, prepare_image, size_image
 from zephon.images.tokens import vocab_size_with_image_tokens
 
 __all__ = [
     "ImageBatch",
     "ImageHeader",
     "ImagePatches",
-    "ImagePlan",
+    "ImageSizing",
     "canary_mismatch",
     "decode",
     "decode_canary",
@@ -46,9 +46,9 @@ __all__ = [
     "image_digest",
     "patch_positions",
     "placeholder_count",
-    "plan_image",
     "prepare_image",
     "read_header",
+    "size_image",
     "target_size",
     "to_patches",
     "vocab_size_with_image_tokens",

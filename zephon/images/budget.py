@@ -7,7 +7,7 @@ before it becomes a few hundred kilobytes of patches. So the need planner
 its tokens, its bytes fit in one budget per rank:
 
 - queued for a call: its patches (from the headers, images/work.py
-  `PlannedDoc.cost`), reserved before any pixel is decoded;
+  `SizedDoc.cost`), reserved before any pixel is decoded;
 - decoding: its decode peak. The decoders take a document at a time each,
   so at most `decoders` documents decode at once: the budget holds the
   `decoders` largest decode peaks of the documents queued (not the sum of

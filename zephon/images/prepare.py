@@ -1,12 +1,12 @@
 """One image, bytes to patches: what a worker does with it, and what the
 scheduler can know before any pixel is decoded.
 
-`plan_image` reads the header only: displayed size, resized size, patch grid,
+`size_image` reads the header only: displayed size, resized size, patch grid,
 placeholder count (tokens for mixing, budget and packing) and the decode peak
 in bytes (for the lookahead budget). `prepare_image` then decodes (decode.py),
 resizes (resize.py) and cuts patches (patches.py); its grid and token count
-are the plan's, since both follow from the header alone. A worker that plans
-an image and later decodes it keeps the plan's opened image (`keep_open`), so
+are the sizing's, since both follow from the header alone. A worker that sizes
+an image and later decodes it keeps the sizing's opened image (`keep_open`), so
 a header is parsed once, not twice: parsing is Python under the GIL, about
 40 µs an image whatever its size (as long as cutting a thumbnail's patches).
 """
@@ -26,14 +26,14 @@ from zephon.recipe.spec import ImageSpec
 
 
 @dataclass(frozen=True)
-class ImagePlan:
+class ImageSizing:
     header: ImageHeader
     size: tuple[int, int]  # (width, height) after resizing
     grid: tuple[int, int]  # (h_patches, w_patches)
     num_tokens: int  # placeholder tokens: num_patches / merge²
     patch_bytes: int  # bytes of the patch array prepare_image returns
     # The header's Pillow image, not decoded, for the one decode that follows
-    # (plan_image with keep_open); empty once taken.
+    # (size_image with keep_open); empty once taken.
     opened: list[Image.Image] = field(default_factory=list, repr=False, compare=False)
 
     @property
@@ -53,11 +53,11 @@ class ImagePatches:
     num_tokens: int
 
 
-def _plan(header: ImageHeader, spec: ImageSpec) -> ImagePlan:
+def _sizing(header: ImageHeader, spec: ImageSpec) -> ImageSizing:
     width, height = target_size(*header.size, spec)
     p = spec.patch_size
     grid = (height // p, width // p)
-    return ImagePlan(
+    return ImageSizing(
         header=header,
         size=(width, height),
         grid=grid,
@@ -66,24 +66,24 @@ def _plan(header: ImageHeader, spec: ImageSpec) -> ImagePlan:
     )
 
 
-def plan_image(data: bytes, name: str, spec: ImageSpec, keep_open: bool = False) -> ImagePlan:
+def size_image(data: bytes, name: str, spec: ImageSpec, keep_open: bool = False) -> ImageSizing:
     """What `prepare_image(data, ...)` will give and cost, from the header alone.
     Raises the ImageError prepare_image would raise for a bad header or a bomb.
-    keep_open: keep the opened image for `prepare_image(..., plan)`."""
+    keep_open: keep the opened image for `prepare_image(..., sizing)`."""
     image, header = open_image(data, name, spec.max_decoded_pixels)
-    plan = _plan(header, spec)
+    sizing = _sizing(header, spec)
     if keep_open:
-        plan.opened.append(image)
-    return plan
+        sizing.opened.append(image)
+    return sizing
 
 
 def prepare_image(
-    data: bytes, name: str, spec: ImageSpec, plan: ImagePlan | None = None
+    data: bytes, name: str, spec: ImageSpec, sizing: ImageSizing | None = None
 ) -> ImagePatches:
-    """Decode, resize and cut `data` into patches, by the pixel definition. `plan`:
-    its `plan_image(data, name, spec, keep_open=True)`, whose opened image is used
+    """Decode, resize and cut `data` into patches, by the pixel definition. `sizing`:
+    its `size_image(data, name, spec, keep_open=True)`, whose opened image is used
     instead of opening `data` again (the pixels are the same)."""
-    opened = plan.take_opened() if plan is not None else None
+    opened = sizing.take_opened() if sizing is not None else None
     image = decode_image(data, name, spec, opened)  # its size is the header's displayed size
     pixels = np.asarray(resize(image, target_size(*image.size, spec)))
     patches, grid = to_patches(pixels, spec.patch_size, spec.merge)

@@ -3,10 +3,10 @@
 Decoding runs where tokenizing runs (the scheduler's workers), never on a
 lane, in two stateless steps (docs/design.md §14):
 
-- when read (`ImageWork.plan`): each image's header only, so that the
+- when read (`ImageWork.size`): each image's header only, so that the
   planner knows before any pixel is decoded the document's exact image
   tokens, the decode peak to reserve while it is in flight and the patch
-  bytes it will hold (`PlannedDoc.cost`);
+  bytes it will hold (`SizedDoc.cost`);
 - when tokenized (`ImageWork.encode`): text segments through the tokenizer
   (one call for all of a call's documents), images decoded, resized and cut
   into patches (zephon/images/prepare.py), each hashed by the thread that
@@ -39,7 +39,7 @@ import numpy as np
 
 from zephon.errors import ImageError
 from zephon.images.documents import DocImage, ImageDoc, ImageDocIds, bad_document, image_digest
-from zephon.images.prepare import ImagePatches, ImagePlan, plan_image, prepare_image
+from zephon.images.prepare import ImagePatches, ImageSizing, prepare_image, size_image
 from zephon.images.tokens import ImageTokenIds, image_token_ids
 from zephon.recipe.spec import ImageSpec
 from zephon.sources.bad_records import DroppingReader
@@ -50,14 +50,14 @@ from zephon.tokenize.tokenizer import TokenizerInfo, encode_raw
 
 
 @dataclass(frozen=True, eq=False)
-class PlannedDoc:
+class SizedDoc:
     """A document of a source with images, read, its images' headers known.
 
     value: the MultimodalDoc, or "" for a record the reader already dropped.
     error: the first image whose header is bad (then nothing after it is planned)."""
 
     value: MultimodalDoc | str
-    plans: tuple[ImagePlan, ...]
+    sizings: tuple[ImageSizing, ...]
     error: ImageError | None
     text_chars: int
     image_tokens: int  # start, placeholders and end of every image
@@ -96,7 +96,7 @@ class ImageWork:
         self._pool = ThreadPoolExecutor(decoders, "zephon-decode") if decoders > 1 else None
         self._decoders = decoders
         # by id of the doc: (doc, its task, its place in the task's documents)
-        self._started: dict[int, tuple[PlannedDoc, Future[list[Decoded]], int]] = {}
+        self._started: dict[int, tuple[SizedDoc, Future[list[Decoded]], int]] = {}
 
     def start(self, values: list[Any]) -> None:
         """Start decoding a planned call's documents in the pool now: their bytes
@@ -123,14 +123,14 @@ class ImageWork:
             if started is not None and started[0] is v:
                 started[1].cancel()
 
-    def _take_started(self, v: PlannedDoc) -> Decoded:
+    def _take_started(self, v: SizedDoc) -> Decoded:
         assert self._pool is not None
         started = self._started.pop(id(v), None)
         if started is not None and started[0] is v:
             return started[1].result()[started[2]]
         return self._pool.submit(self._decode, v).result()
 
-    def _decode_all(self, docs: list[PlannedDoc]) -> list[Decoded]:
+    def _decode_all(self, docs: list[SizedDoc]) -> list[Decoded]:
         return [self._decode(v) for v in docs]
 
     def close(self) -> None:
@@ -139,11 +139,11 @@ class ImageWork:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
-    def plan(self, value: Any) -> PlannedDoc:
-        """The read-time plan of a value of a source with images (header reads only)."""
+    def size(self, value: Any) -> SizedDoc:
+        """The read-time sizing of a value of a source with images (header reads only)."""
         if not isinstance(value, MultimodalDoc):  # a record dropped when read: ""
-            return PlannedDoc(value, (), None, len(value), 0, 0, 0)
-        plans: list[ImagePlan] = []
+            return SizedDoc(value, (), None, len(value), 0, 0, 0)
+        sizings: list[ImageSizing] = []
         error, chars = None, 0
         for seg in value.segments:
             if isinstance(seg, TextSegment):
@@ -151,17 +151,17 @@ class ImageWork:
             elif error is None:
                 try:
                     # kept open for the decode (prepare.py): a header is parsed once
-                    plans.append(plan_image(seg.data, seg.name, self.spec, keep_open=True))
+                    sizings.append(size_image(seg.data, seg.name, self.spec, keep_open=True))
                 except ImageError as exc:
                     error = exc
-        return PlannedDoc(
+        return SizedDoc(
             value,
-            tuple(plans),
+            tuple(sizings),
             error,
             chars,
-            sum(p.num_tokens + 2 for p in plans),
-            sum(p.patch_bytes for p in plans),
-            max((p.decode_peak_bytes for p in plans), default=0),
+            sum(p.num_tokens + 2 for p in sizings),
+            sum(p.patch_bytes for p in sizings),
+            max((p.decode_peak_bytes for p in sizings), default=0),
         )
 
     def encode(self, values: list[Any], origins: list[tuple[Any, int]]) -> list[np.ndarray]:
@@ -173,7 +173,7 @@ class ImageWork:
         segments = [
             s.text
             for v in values
-            if isinstance(v, PlannedDoc) and isinstance(v.value, MultimodalDoc)
+            if isinstance(v, SizedDoc) and isinstance(v.value, MultimodalDoc)
             for s in v.value.segments
             if isinstance(s, TextSegment)
         ]
@@ -194,22 +194,22 @@ class ImageWork:
                 out.append(self._document(v, seg_ids, reader, doc_id, images))
         return out
 
-    def _decode(self, planned: PlannedDoc) -> Decoded:
+    def _decode(self, sized: SizedDoc) -> Decoded:
         """A document's images, one after another: patches and hash, or the first error."""
-        doc = planned.value
+        doc = sized.value
         assert isinstance(doc, MultimodalDoc)
         # A pool thread gets a clock of its own on first use; the calling thread's
         # is already in the image stage.
         clock = self.profile.here("zephon-decode") if self.profile is not None else NULL_CLOCK
         left = clock.switch(IMAGE)
         out = []
-        plans = iter(planned.plans)  # one per image, in order (no bad header: decodable)
+        sizings = iter(sized.sizings)  # one per image, in order (no bad header: decodable)
         try:
             for seg in doc.segments:
                 if isinstance(seg, TextSegment):
                     continue
                 try:
-                    patches = prepare_image(seg.data, seg.name, self.spec, next(plans))
+                    patches = prepare_image(seg.data, seg.name, self.spec, next(sizings))
                 except ImageError as exc:
                     return exc
                 out.append((patches, image_digest(patches.grid, patches.patches)))
@@ -221,9 +221,9 @@ class ImageWork:
         return np.array([*self._head, self.tok.eos_id], dtype=np.int32)
 
     def _document(
-        self, planned: PlannedDoc, seg_ids: Any, reader: Any, doc_id: int, images: Decoded
+        self, sized: SizedDoc, seg_ids: Any, reader: Any, doc_id: int, images: Decoded
     ) -> np.ndarray:
-        doc = planned.value
+        doc = sized.value
         assert isinstance(doc, MultimodalDoc)
         texts = [next(seg_ids) for s in doc.segments if isinstance(s, TextSegment)]
         try:
@@ -278,4 +278,4 @@ def bad_images(value: Any, spec: ImageSpec) -> list[str]:
 
 def _decodable(v: Any) -> bool:
     """A planned document with images to decode (no bad header)."""
-    return isinstance(v, PlannedDoc) and isinstance(v.value, MultimodalDoc) and v.error is None
+    return isinstance(v, SizedDoc) and isinstance(v.value, MultimodalDoc) and v.error is None

@@ -2,7 +2,7 @@
 
 A lane walks each source epoch by epoch, block by block, each block in its own
 visiting order. The scheduler's feeds and the lane's cursors only ever ask
-this interface, never the shuffle plan itself, so that another way of dealing
+this interface, never the shuffle itself, so that another way of dealing
 documents to lanes (e.g. an epoch's remaining documents dealt to a new lane
 count) is one more implementation and nothing else. The end-of-epoch rule
 (`repeat`: the next epoch starts; `stop`: the lane's walk of the source ends)
@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from zephon.lanes.shuffle import SourcePlan
+from zephon.lanes.shuffle import SourceShuffle
 
 
 class BlockPart(NamedTuple):
@@ -40,7 +40,7 @@ class LaneDocs(ABC):
 
     @abstractmethod
     def epoch_docs(self, epoch: int) -> int:
-        """Documents of this lane in `epoch` (a shuffle plan deals at least one; an
+        """Documents of this lane in `epoch` (a shuffle deals at least one; an
         epoch dealt at a lane-count change may have none, see zephon/state/lane_count_deal.py)."""
 
     @abstractmethod
@@ -83,26 +83,26 @@ class LaneDocs(ABC):
         return epoch, 0
 
 
-class PlanLaneDocs(LaneDocs):
-    """A lane's documents as the source's shuffle plan deals them (shuffle.py)."""
+class ShuffledLaneDocs(LaneDocs):
+    """A lane's documents as the source's shuffle deals them (shuffle.py)."""
 
-    def __init__(self, plan: SourcePlan, lane: int, repeat: bool):
-        self.plan, self.lane, self.repeat = plan, lane, repeat
+    def __init__(self, order: SourceShuffle, lane: int, repeat: bool):
+        self.order, self.lane, self.repeat = order, lane, repeat
 
     def epoch_docs(self, epoch: int) -> int:
-        return self.plan.lane_docs(epoch, self.lane)
+        return self.order.lane_docs(epoch, self.lane)
 
     def num_blocks(self, epoch: int) -> int:
-        return len(self.plan.lane_blocks(epoch, self.lane)[0])
+        return len(self.order.lane_blocks(epoch, self.lane)[0])
 
     def block(self, epoch: int, j: int) -> BlockPart:
-        block = int(self.plan.lane_blocks(epoch, self.lane)[0][j])
-        start, end = self.plan.block_range(block)
-        return BlockPart(start, end, self.plan.block_order(epoch, block))
+        block = int(self.order.lane_blocks(epoch, self.lane)[0][j])
+        start, end = self.order.block_range(block)
+        return BlockPart(start, end, self.order.block_order(epoch, block))
 
     def block_size(self, epoch: int, j: int) -> int:
-        start, end = self.plan.block_range(int(self.plan.lane_blocks(epoch, self.lane)[0][j]))
+        start, end = self.order.block_range(int(self.order.lane_blocks(epoch, self.lane)[0][j]))
         return end - start
 
     def locate(self, epoch: int, pos: int) -> tuple[int, int]:
-        return self.plan.locate(epoch, self.lane, pos)
+        return self.order.locate(epoch, self.lane, pos)

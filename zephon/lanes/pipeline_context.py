@@ -1,10 +1,10 @@
 """What every lane of a loader shares, and how it is opened from a recipe.
 
 One place builds the sources' readers (under the recipe's bad-records
-policy), their shuffle plans, and the scheduler, so that the loader, its
+policy), their shuffles, and the scheduler, so that the loader, its
 lanes and the tools all address a source the same way. `lane_docs` is where a
-lane's documents of a source come from: the shuffle plan's deal for the lane
-count (lane_docs.PlanLaneDocs), or, after a lane-count change, the documents
+lane's documents of a source come from: the shuffle's deal for the lane
+count (lanes.documents.ShuffledLaneDocs), or, after a lane-count change, the documents
 the old lanes left, dealt to the new ones (deal.py). `fetch` reads and
 tokenizes one document by its index: the tail of a document a lane carries
 across a phase boundary. `images` is the worker side of images
@@ -20,9 +20,9 @@ import numpy as np
 
 from zephon.demand.executor import DemandExecutor
 from zephon.errors import LayoutError
-from zephon.lanes.documents import LaneDocs, PlanLaneDocs
+from zephon.lanes.documents import LaneDocs, ShuffledLaneDocs
 from zephon.lanes.packing import held_rows
-from zephon.lanes.shuffle import SourcePlan
+from zephon.lanes.shuffle import SourceShuffle
 from zephon.recipe.phases import Segment, SegmentSteps
 from zephon.recipe.spec import Recipe
 from zephon.sources import SourceReader
@@ -35,30 +35,30 @@ from zephon.tokenize.tokenizer import TokenizerInfo, check_token_ids
 
 @dataclass
 class PipelineContext:
-    """What every lane of a loader shares: readers, plans, tokenizer, settings.
+    """What every lane of a loader shares: readers, shuffles, tokenizer, settings.
 
     deals: per source name, the lane-count changes whose dealt epochs lanes may
     still reach (deal.py); empty before any change."""
 
     recipe: Recipe
     readers: list[Any]  # SourceReader, or its bad-records wrapper
-    plans: list[SourcePlan]  # for the recipe's (first phase's) lane count
+    shuffles: list[SourceShuffle]  # for the recipe's (first phase's) lane count
     tok: TokenizerInfo
     scheduler: DemandExecutor
     images: Any = None  # ImageWork (images/work.py), for recipes with image sources
     deals: dict[str, list[Record]] = field(default_factory=dict)
-    _plans: dict[tuple[int, int], SourcePlan] = field(default_factory=dict)
+    _plans: dict[tuple[int, int], SourceShuffle] = field(default_factory=dict)
     _dealt: dict[tuple[int, int], list[LaneDocs]] = field(default_factory=dict)
 
-    def plan(self, source: int, lanes: int) -> SourcePlan:
-        """The source's shuffle plan for `lanes` lanes."""
+    def shuffle_of(self, source: int, lanes: int) -> SourceShuffle:
+        """The source's shuffle for `lanes` lanes."""
         if lanes == self.recipe.lanes:
-            return self.plans[source]
+            return self.shuffles[source]
         key = (source, lanes)
         if key not in self._plans:
             s, shuffle = self.recipe.sources[source], self.recipe.shuffle
             n = self.readers[source].num_docs
-            self._plans[key] = SourcePlan(
+            self._plans[key] = SourceShuffle(
                 s.name, n, lanes, shuffle.block_size, self.recipe.seed, shuffle.enabled
             )
         return self._plans[key]
@@ -81,12 +81,17 @@ class PipelineContext:
         repeat = spec.on_exhausted == "repeat"
         chain = self.deals.get(spec.name)
         if not chain or int(chain[-1]["lanes_after"]) != lanes:
-            return PlanLaneDocs(self.plan(source, lanes), lane, repeat)
+            return ShuffledLaneDocs(self.shuffle_of(source, lanes), lane, repeat)
         key = (source, lanes)
         if key not in self._dealt:
             shuffle = self.recipe.shuffle.enabled
             self._dealt[key] = build_lane_docs(
-                chain, lambda n: self.plan(source, n), repeat, self.recipe.seed, spec.name, shuffle
+                chain,
+                lambda n: self.shuffle_of(source, n),
+                repeat,
+                self.recipe.seed,
+                spec.name,
+                shuffle,
             )
         return self._dealt[key][lane]
 
@@ -97,7 +102,7 @@ class PipelineContext:
         if spec.pretokenized:
             ids = check_token_ids([value], [doc], spec, self.tok)[0]
         elif spec.multimodal:
-            ids = self.images.encode([self.images.plan(value)], [(reader, doc)])[0]
+            ids = self.images.encode([self.images.size(value)], [(reader, doc)])[0]
         else:
             ids = encode_documents([value], self.tok)[0]
         self.scheduler.count_fetched(len(ids), spec.pretokenized)
@@ -111,12 +116,12 @@ def step_map(recipe: Recipe, segment: Segment) -> SegmentSteps:
     return SegmentSteps(segment, held_rows(packing.algorithm, packing.open_bins))
 
 
-def open_sources(recipe: Recipe, cache_dir: str | None) -> tuple[list[Any], list[SourcePlan]]:
-    """Every source's reader (under the bad-records policy) and shuffle plan."""
+def open_sources(recipe: Recipe, cache_dir: str | None) -> tuple[list[Any], list[SourceShuffle]]:
+    """Every source's reader (under the bad-records policy) and shuffle."""
     readers = [with_policy(SourceReader(s, cache_dir), recipe.bad_records) for s in recipe.sources]
     try:
-        plans = [
-            SourcePlan(
+        shuffles = [
+            SourceShuffle(
                 s.name,
                 r.num_docs,
                 recipe.lanes,
@@ -128,13 +133,13 @@ def open_sources(recipe: Recipe, cache_dir: str | None) -> tuple[list[Any], list
         ]
     except LayoutError as exc:
         raise LayoutError(f"{recipe.path}: {exc}") from None
-    return readers, plans
+    return readers, shuffles
 
 
 def build_context(
     recipe: Recipe,
     readers: list[Any],
-    plans: list[SourcePlan],
+    shuffles: list[SourceShuffle],
     tok: TokenizerInfo,
     workers: int,
     budgets: tuple[int, int],
@@ -156,4 +161,4 @@ def build_context(
         tok, workers, tokens, step_map(recipe, first), unit,
         budget_bytes=image_bytes, images=images, profile=profile,
     )  # fmt: skip
-    return PipelineContext(recipe, readers, plans, tok, scheduler, images=images)
+    return PipelineContext(recipe, readers, shuffles, tok, scheduler, images=images)

@@ -53,7 +53,7 @@ def keyed_permutation(n: int, *key: object) -> np.ndarray:
     return np.argsort(h, kind="stable").astype(np.int64)
 
 
-class SourcePlan:
+class SourceShuffle:
     """Which documents of one source each lane reads, epoch by epoch."""
 
     def __init__(

@@ -31,7 +31,7 @@ def _ranks(n: int) -> str:
 
 @dataclass(frozen=True)
 class Layout:
-    """A checked layout: build it with `plan_layout`."""
+    """A checked layout: build it with `resolve_layout`."""
 
     lanes: int
     dp_size: int
@@ -123,7 +123,7 @@ class Layout:
         return text
 
 
-def plan_layout(
+def resolve_layout(
     lanes: int,
     dp_size: int,
     global_batch_size: int,

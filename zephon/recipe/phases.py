@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from zephon.errors import LayoutError, RecipeError
-from zephon.recipe.layout import Layout, plan_layout
+from zephon.recipe.layout import Layout, resolve_layout
 from zephon.recipe.spec import Recipe
 
 NEVER = sys.maxsize  # a step no batch of the segment reaches
@@ -266,7 +266,7 @@ class PhaseTimeline:
                         f"rows of seq_len {p.seq_len}"
                     )
                 micro = micro_batch_tokens // p.seq_len
-            return plan_layout(
+            return resolve_layout(
                 p.lanes, dp_size, p.global_batch_size, micro, max_idle_share, p.lanes_setting
             )
         except LayoutError as exc:

@@ -4,7 +4,7 @@ The schedule (phases.py) is the same for every rank; what differs is the
 layout each phase gives this rank (its lanes and rows, checked for its
 micro-batches), and whether it holds every lane, so that it can cross a
 lane-count change on its own. The loader asks here, so that the layout
-questions stay `plan_layout`'s answers, phase by phase.
+questions stay `resolve_layout`'s answers, phase by phase.
 """
 
 from __future__ import annotations

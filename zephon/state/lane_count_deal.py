@@ -9,7 +9,7 @@ is kept as pieces of the old lanes' blocks (a block from an offset in its
 visiting order, or whole), so reads stay block-local; the pieces of epoch e
 follow a keyed permutation of (seed, source, e, "deal", phase name) and piece
 i goes to new lane i mod L'. A new lane walks its pieces of E, then of E + 1,
-... M, then the plain L'-lane shuffle plan from M + 1 on. Over every epoch each
+... M, then the plain L'-lane shuffle from M + 1 on. Over every epoch each
 document is drawn exactly once across the boundary, and none is lost.
 
 The boundary is recorded as the old lanes' cursors per source (a *record*,
@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from zephon.lanes.documents import BlockPart, LaneDocs, PlanLaneDocs
-from zephon.lanes.shuffle import SourcePlan, keyed_permutation
+from zephon.lanes.documents import BlockPart, LaneDocs, ShuffledLaneDocs
+from zephon.lanes.shuffle import SourceShuffle, keyed_permutation
 
 Cursor = tuple[int, int, bool]  # (epoch, documents taken, retired)
 Record = dict[str, Any]  # {"phase", "lanes_before", "lanes_after", "cursors": [[e, p, r], ...]}
@@ -150,7 +150,7 @@ class DealtLaneDocs(LaneDocs):
 
 def build_lane_docs(
     chain: Sequence[Record],
-    plan_for: Callable[[int], SourcePlan],
+    plan_for: Callable[[int], SourceShuffle],
     repeat: bool,
     seed: int,
     name: str,
@@ -159,7 +159,9 @@ def build_lane_docs(
     """Every lane's documents of one source after the changes of `chain`, in order
     (the lanes of its last record)."""
     lanes = int(chain[0]["lanes_before"])
-    docs: list[LaneDocs] = [PlanLaneDocs(plan_for(lanes), lane, repeat) for lane in range(lanes)]
+    docs: list[LaneDocs] = [
+        ShuffledLaneDocs(plan_for(lanes), lane, repeat) for lane in range(lanes)
+    ]
     dealt_before: int | None = None
     for rec in chain:
         cursors = [(int(e), int(p), bool(r)) for e, p, r in rec["cursors"]]
@@ -167,7 +169,9 @@ def build_lane_docs(
         deal = Deal(docs, cursors, new, (seed, name, rec["phase"]), shuffle, dealt_before)
         dealt_before = deal.last
         after = plan_for(new)
-        docs = [DealtLaneDocs(deal, lane, PlanLaneDocs(after, lane, repeat)) for lane in range(new)]
+        docs = [
+            DealtLaneDocs(deal, lane, ShuffledLaneDocs(after, lane, repeat)) for lane in range(new)
+        ]
     return docs
 
 

@@ -75,7 +75,7 @@ def _deal(
     for i, spec in enumerate(ctx.recipe.sources):
         at = [points[lane]["sources"].get(spec.name) for lane in range(old)]
         mine = [(0, 0, False) if c is None else (c["epoch"], c["pos"], c["retired"]) for c in at]
-        walk = ctx.plan(i, old).per_lane_walk
+        walk = ctx.shuffle_of(i, old).per_lane_walk
         chain, starts = deal_source(ctx.deals.get(spec.name, []), mine, walk, new, after.first.name)
         if chain:
             deals[spec.name] = chain

@@ -17,7 +17,7 @@ change the ids:
 - added (special) tokens without lstrip/rstrip/single_word, which would look
   at the whitespace on either side of them.
 
-Anything else is encoded whole. `tests/test_zephon_pieces.py` compares piecewise
+Anything else is encoded whole. `tests/integration/zephon/test_long_pieces.py` compares piecewise
 and whole encoding of long mixed texts for the committed tokenizer.
 """
 

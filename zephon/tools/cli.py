@@ -18,9 +18,9 @@ from pathlib import Path
 from zephon.batch import Batch
 from zephon.digest import global_batch_digest
 from zephon.errors import LayoutError, ZephonError
-from zephon.lanes.shuffle import SourcePlan
+from zephon.lanes.shuffle import SourceShuffle
 from zephon.loader import ZephonLoader
-from zephon.recipe.layout import plan_layout
+from zephon.recipe.layout import resolve_layout
 from zephon.recipe.phases import PhaseTimeline, images_too_long, resolve_phases
 from zephon.recipe.spec import Recipe, SourceSpec, load_recipe
 from zephon.sources import SourceReader
@@ -111,7 +111,7 @@ def _print_phases(
         )
         for d in sizes:
             try:
-                layout = plan_layout(
+                layout = resolve_layout(
                     p.lanes, d, p.global_batch_size, micro, max_idle_share, p.lanes_setting
                 )
                 print(f"  dp={d}: {layout.describe()}")
@@ -132,7 +132,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
         []
         if timeline.named
         else [
-            plan_layout(lanes, d, first.global_batch_size, a.micro_batch, a.max_idle_share)
+            resolve_layout(lanes, d, first.global_batch_size, a.micro_batch, a.max_idle_share)
             for d in a.dp
         ]
     )
@@ -160,7 +160,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
     print(f"mixture   unit={recipe.mixture.unit}")
     for s in recipe.sources:
         reader = SourceReader(s, recipe.execution.cache_dir or None)
-        plan = SourcePlan(
+        order = SourceShuffle(
             s.name, reader.num_docs, lanes, recipe.shuffle.block_size, recipe.seed, True
         )
         kind = (
@@ -172,8 +172,8 @@ def cmd_validate(a: argparse.Namespace) -> int:
         )
         blocks = (
             "fewer documents than lanes: each lane walks all of them per epoch"
-            if plan.per_lane_walk
-            else f"{plan.num_blocks} blocks of {plan.block_size}"
+            if order.per_lane_walk
+            else f"{order.num_blocks} blocks of {order.block_size}"
         )
         weight = "" if timeline.named else f"weight {s.weight / total_w:.3f}, "
         print(

@@ -1,0 +1,132 @@
+"""Smoke tests: the pipeline and throughput benchmarks run with --quick and write their figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+
+from harness.train import ensure_sample_data
+from zephon.stage_profile import STAGES
+
+SCRIPT = REPO / "benchmarks" / "bench_pipeline.py"
+
+
+def test_bench_pipeline_quick(tmp_path: Path) -> None:
+    ensure_sample_data()  # build the sample corpus rather than skip without it
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(SCRIPT), "--quick", "--cache-dir", str(tmp_path / "cache")]
+    proc = subprocess.run(
+        [*cmd, "--json", str(out)], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    cfg, tp, restore = doc["config"], doc["throughput"], doc["restore"]
+    assert cfg["quick"] is True
+    # The figures printed are the JSON's, and they describe what was delivered.
+    assert f"RATIO pipeline/raw = {tp['ratio']:.3f} " in proc.stdout
+    assert tp["ratio"] > 0 and tp["raw_tok_s"] > 0 and tp["pipeline_tok_s"] > 0
+    row = cfg["seq_len"] + 1
+    assert tp["row_tokens"] == tp["batches_per_round"] * cfg["global_batch"] * row
+    assert restore["state_check"].startswith("state at step 10 identical to a plain run's")
+    assert sorted(map(int, restore["per_step"])) == cfg["restore_steps"]
+    sizes = []
+    for step, r in restore["per_step"].items():
+        # Replay is what the state says was consumed since each lane's flush point.
+        assert r["replay"]["rows"] == sum(r["rows_since_flush_per_lane"]), step
+        assert len(r["rows_since_flush_per_lane"]) == cfg["lanes"]
+        assert r["state_bytes"] == cfg["lanes"] * r["state_bytes_per_lane"]
+        sizes.append(r["state_bytes"])
+    assert max(sizes) < 1.1 * min(sizes)  # the state does not grow with the step
+
+
+def test_bench_throughput_quick(tmp_path: Path) -> None:
+    ensure_sample_data()
+    out = tmp_path / "throughput"
+    script = REPO / "benchmarks" / "bench_throughput.py"
+    cmd = [sys.executable, str(script), "--quick", "--lanes", "1", "8"]
+    cmd += ["--corpora", "sample", "long", "web", "mix"]
+    cmd += ["--work", str(tmp_path / "work"), "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads(out.with_suffix(".json").read_text())
+    corpora = ("long", "mix", "sample", "web")
+    assert sorted(doc["results"]) == [f"{c}/{n}" for c in corpora for n in (1, 8)]
+    for key, r in doc["results"].items():
+        assert r["raw_tokens"] > 0 and r["ratio"] > 0 and len(r["ratios"]) == 1
+        # The per-stage breakdown: every stage, adding up to the pipeline's CPU.
+        (run,) = r["pipeline"]
+        profile = run["profile"]
+        assert set(profile["cpu_ns"]) == set(STAGES), key
+        assert sum(profile["cpu_ns"].values()) == profile["total_cpu_ns"] > 0, key
+        assert profile["cpu_ns"]["tokenize"] > 0 and profile["tokens"] == r["row_tokens"], key
+        # Everything the process spent while the loader ran is in some stage, give or
+        # take the benchmark's own loop and the unswitched tail of threads still running.
+        slack = profile["unswitched_ns"]
+        process = profile["process_cpu_ns"]
+        assert 0.8 * process <= profile["total_cpu_ns"] + slack <= 1.05 * process, key
+        ns = r["stage_ns_per_token"]
+        assert set(ns) == {*STAGES, "total"}, key
+        assert abs(sum(ns[s] for s in STAGES) - ns["total"]) <= 1e-6 * ns["total"], key
+    page = out.with_suffix(".md").read_text()
+    assert "| sample | 8 |" in page and "| web | 8 |" in page
+    assert "| corpus | lanes | read | parse | plan | tokenize |" in page
+
+
+def test_bench_images_quick(tmp_path: Path) -> None:
+    script = REPO / "benchmarks" / "bench_images.py"
+    out = tmp_path / "images.json"
+    cmd = [sys.executable, str(script), "--quick", "--work", str(tmp_path / "work")]
+    proc = subprocess.run(
+        [*cmd, "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["quick"] is True and set(doc["corpora"]) == {"web", "thumbnails"}
+    for name, result in doc["corpora"].items():
+        cfg, s, (r,) = result["config"], result["summary"], result["rounds"]
+        assert cfg["rounds"] == 1 and cfg["epochs"] == 1, name
+        # Every side worked on the whole corpus: the raw loops and the conventional
+        # path each took every image once; the pipeline delivered as many (its last
+        # step may overshoot by less than a step) and decoded at least those.
+        for kind in ("raw_before", "raw_after", "raw_no_digest", "raw_1_thread", "conventional"):
+            assert r[kind]["images"] == cfg["images"], (name, kind)
+        a = r["pipeline"]
+        assert 0 <= a["images"] - cfg["images"] < a["images"] / a["steps"] + 1, name
+        # and decoded no more than those plus the lookahead (two steps of tokens,
+        # two batches prefetched, a call in flight)
+        per_step = a["images"] / a["steps"]
+        assert a["images"] <= a["images_decoded"] <= a["images"] + 6 * per_step, name
+        assert a["steps"] * cfg["global_batch"] * (cfg["seq_len"] + 1) >= a["tokens"] > 0
+        # The step marks are the run's own: one a step, in order, ending at its count
+        # (the quick corpora give two steps at least: a window after the first).
+        assert a["steps"] >= 2, name
+        assert len(a["step_s"]) == len(a["step_images"]) == a["steps"], name
+        assert a["step_s"] == sorted(a["step_s"]) and a["step_images"][-1] == a["images"]
+        assert a["step_s"][0] == a["first_batch_s"] and a["step_s"][-1] <= a["wall_s"]
+        # The ratios are against the raw runs on either side of the pipeline run,
+        # and the sustained window is the steps after a fifth of the images.
+        raw = (r["raw_before"]["images"] / r["raw_before"]["wall_s"]
+               + r["raw_after"]["images"] / r["raw_after"]["wall_s"]) / 2  # fmt: skip
+        assert s["ratio_pipeline_raw"] == pytest.approx(a["images"] / a["wall_s"] / raw), name
+        w = r["sustained"]
+        k = w["from_step"] - 1
+        first = next(i for i, n in enumerate(a["step_images"]) if n >= 0.2 * a["images"])
+        assert k == min(first, a["steps"] - 2), name
+        assert w["images"] == a["images"] - a["step_images"][k], name
+        assert w["seconds"] == pytest.approx(a["step_s"][-1] - a["step_s"][k]), name
+        assert s["ratio_sustained_raw"] == pytest.approx(w["images"] / w["seconds"] / raw), name
+        assert f"RATIO {name} pipeline/raw = {s['ratio_pipeline_raw']:.3f}" in proc.stdout
+        # The CPU table splits the profiled run's thread CPU, all of it, per image.
+        run, per = result["profiled_run"], result["cpu_per_image"]["pipeline"]
+        total = run["profile"]["total_cpu_ns"] / run["images"] / 1e3
+        assert per["image work"] + per["own"] == pytest.approx(total), name
+        assert min(per[k] for k in ("header plans", "decode pool", "framing", "captions")) > 0
+        assert per["decode pool"] > per["header plans"], name
+        for budget in result["memory"].values():
+            assert 0 < budget["lookahead_peak_bytes"] and budget["rss_peak"] >= budget["rss_before"]
+    assert out.with_suffix(".md").read_text().startswith(f"# {doc['title']}")
