@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from train_helpers import ensure_sample_data, metrics, ok, torchrun
+from helpers.train import ensure_sample_data, metrics, ok, torchrun
 
 from torchtitan.datasets.coordinate_loader import batch_digest, one_loader_per_coordinate
 from torchtitan.datasets.dataloader import TrainDataLoader
