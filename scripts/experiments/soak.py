@@ -361,6 +361,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             print(f"[soak] {i + 1}/{len(kinds)} {kind}: {json.dumps(rec)}", flush=True)
             if nxt is None:
                 break
+        # The soak lasts at least --minutes: the job trains on after the last fault.
+        time.sleep(max(0.0, t0 + a.minutes * 60 - time.time()))
         # The end of the soak: a node that stayed away comes back, then a preemption
         # warning to every launcher; the job saves.
         for n in [n for n, j in cluster.nodes.items() if j is None]:

@@ -30,6 +30,7 @@ import mutation_report
 import phases_demo
 import preempt_save_time
 import pytest
+import soak
 import two_node_resume
 import uneven_resume
 import vlm_caption_probe
@@ -56,6 +57,7 @@ PAGES: dict[str, Callable[[Any], str]] = {
     "mutation": mutation_report.page,
     "phases_demo": phases_demo.page,
     "preempt_save_time": preempt_save_time.report,
+    "soak": soak.report,
     "two_node_resume": two_node_resume.page,
     "uneven_resume": uneven_resume.page,
     "vlm_caption_probe": vlm_caption_probe.page,
