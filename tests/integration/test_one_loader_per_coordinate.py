@@ -80,7 +80,7 @@ def test_tp_peers_load_once_and_train_on_the_same_bytes(tmp_path):
 
 def image_text_batch(step: int) -> Any:
     """A batch as the vlm loader makes it: token rows, images, per-source counts."""
-    from vlm_helpers import rank_batch
+    from helpers.vlm import rank_batch
 
     batch = rank_batch(0)
     batch.step = step
