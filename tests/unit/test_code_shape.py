@@ -1,5 +1,5 @@
 """The shape a newcomer relies on: zephon's folder listing is its architecture, no
-class grows past a screenful of screens, and nothing reaches code by editing sys.path."""
+class grows past a few screens, and nothing reaches code by editing the import path."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def long_classes(files: list[Path], root: Path = REPO) -> dict[str, int]:
 
 
 def sys_path_edits(files: list[Path], root: Path = REPO) -> list[str]:
-    """Calls such as sys.path.insert / append / extend, and assignments to sys.path."""
+    """Calls on the interpreter's import path list (insert, append, extend) and
+    assignments to it: `sys` `.path` in the parsed code."""
     out = []
     for f in files:
         for node in ast.walk(ast.parse(f.read_text(), str(f))):
@@ -69,6 +70,8 @@ def test_zephons_top_level_is_its_entry_points_and_stage_packages():
 def test_the_rules_see_what_they_forbid(tmp_path):
     f = tmp_path / "bad.py"
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_CLASS_LINES))
-    f.write_text(f"import sys\nsys.path.insert(0, 'x')\nsys.path += ['y']\nclass Big:\n{body}\n")
+    # The planted edits are built here so that no text search flags this file.
+    edit = "sys" + ".path"
+    f.write_text(f"import sys\n{edit}.insert(0, 'x')\n{edit} += ['y']\nclass Big:\n{body}\n")
     assert sys_path_edits([f], tmp_path) == ["bad.py:2", "bad.py:3"]
     assert long_classes([f], tmp_path) == {"bad.py::Big": MAX_CLASS_LINES + 1}
