@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers.packing import ListDocuments
 
 from zephon.images.documents import DocImage, ImageDoc, ImageDocIds, fit_row
 from zephon.lanes.packing import BestFitPacker, ConcatPacker, RowBuilder, held_rows
@@ -22,7 +23,7 @@ def doc(d: int, n: int) -> np.ndarray:
     return np.arange(d * 100, d * 100 + n, dtype=np.int32)
 
 
-class Lane:
+class Lane(ListDocuments):
     """Documents from a list; records rows as lists of (first id, length, source, starts)."""
 
     def __init__(self, lengths: Sequence[int], rows_emitted: int = 0, sources: int = 2):
@@ -31,22 +32,9 @@ class Lane:
         self.rows: list[list[tuple[int, int, int, bool]]] = []
         self.flushes: list[tuple[int, tuple, int, list]] = []
 
-    def pick(self) -> tuple[np.ndarray, int, int] | None:
-        if self.at == len(self.docs):
-            return None
-        self.at += 1
-        ids, source = self.docs[self.at - 1]
-        return ids, source, self.at - 1
-
-    def unpick(self) -> None:
-        self.at -= 1
-
     def emit(self, pieces: list[Any]) -> None:
         self.rows.append([(int(ids[0]), len(ids), s, starts) for ids, s, starts in pieces])
         self.rows_emitted += 1
-
-    def snapshot(self) -> tuple:
-        return (self.at,)
 
     def flush_point(self, snapshot: tuple, skip_tokens: int, carry: Sequence) -> None:
         self.flushes.append((self.rows_emitted, snapshot, skip_tokens, list(carry)))
