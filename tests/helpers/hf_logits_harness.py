@@ -11,12 +11,11 @@ import sys
 from dataclasses import replace
 
 import torch
-import torch.distributed as dist
 
 from torchtitan.components.initial_load import initial_model_args, load_initial
 from torchtitan.config.job_config import load_job_config
 from torchtitan.distributed.mesh import ParallelDims, ParallelMesh
-from torchtitan.distributed.utils import init_distributed
+from torchtitan.distributed.utils import exit_process, init_distributed
 from torchtitan.models.llama3.model import Transformer
 from torchtitan.models.llama3.parallelize import parallelize_llama
 
@@ -40,8 +39,7 @@ def main() -> None:
         logits = model(tokens)
     if info.rank == 0:
         torch.save(logits, out_file)
-    dist.barrier()
-    dist.destroy_process_group()
+    exit_process(0)  # barrier, then no gloo teardown after FSDP2 (it can crash a rank)
 
 
 if __name__ == "__main__":
