@@ -11,7 +11,6 @@ phase boundary, and the LR decay may span a phase.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import sys
@@ -31,7 +30,6 @@ from torchtitan.components.checkpoint.manager import (
 from torchtitan.components.divergence import DivergenceGuard, clip_grads, fold_loss_into_grads
 from torchtitan.components.flops import model_flops_utilisation
 from torchtitan.components.initial_load import initial_model_args, load_initial
-from torchtitan.components.loss import cross_entropy_sum
 from torchtitan.components.lr_scheduler import build_lr_scheduler, decay_window, lr_of_step
 from torchtitan.components.metrics import (
     MetricsLogger,
@@ -39,17 +37,16 @@ from torchtitan.components.metrics import (
     peak_memory_gib,
     trim_logs_to_start,
 )
+from torchtitan.components.model_setup import build_parallel_model, check_pipeline_layout
 from torchtitan.components.optimizer import build_optimizer
 from torchtitan.components.source_metrics import global_source_counts, scheduled_shares
 from torchtitan.components.validation import validation_loss
 from torchtitan.config.job_config import ConfigError, JobConfig, load_job_config
 from torchtitan.datasets.dataloader import TrainDataLoader, check_data_startup, describe_work
 from torchtitan.datasets.phase_timeline import DataTimeline, micro_rows
-from torchtitan.distributed.device_io import to_device
 from torchtitan.distributed.mesh import ParallelDims, ParallelMesh
 from torchtitan.distributed.utils import DistInfo, exit_process, init_distributed
 from torchtitan.models import get_model_spec
-from torchtitan.models.spec import count_parameters
 from torchtitan.runtime.agreement import StepAgreement, agree
 from torchtitan.runtime.guard import JobGuard, fail_before_start, set_phase, stop_requests
 from zephon import load_tokenizer
@@ -98,6 +95,7 @@ class Trainer:
             self.spec.check_parallelism(self.model_args, dims, seq_len)
         dp = dims.dp
         self.layouts = check_data_startup(cfg, dp, self.model_args.max_seq_len, self.plan, start)
+        check_pipeline_layout(self.spec, self.model_args, cfg, dims, self._rows_per_rank(dp, start))
         decay_window(cfg.lr_scheduler, max(t.steps, 1), self.plan.phases)  # checked now
         self.mesh = ParallelMesh(dims, self.device.type)
         self.data = self._loader()
@@ -108,7 +106,8 @@ class Trainer:
             resume_doc = read_loader_state(cfg.checkpoint, cfg.job.dump_folder, self.resume_from)
             self.data.check_resumable(resume_doc)
 
-        self.model = self._build_model()
+        built = build_parallel_model(self.spec, self.model_args, cfg, self.mesh, self.device)
+        self.model, self.passes = built.model, built.passes
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.lr_scheduler = build_lr_scheduler(
             self.optimizer, cfg.lr_scheduler, max(t.steps, 1), self.plan.phases
@@ -145,61 +144,32 @@ class Trainer:
             else None
         )
 
+    def _rows_per_rank(self, dp: int, start: int) -> dict[str, int]:
+        """Rows each data-parallel rank runs per step, by phase still to come."""
+        rows = {}
+        for phase in self.plan.unfinished(start):
+            layout = self.layouts.get(phase.name)
+            name = f"phase {phase.name!r}" if phase.name is not None else "the data"
+            rows[name] = layout.rows_per_rank if layout else -(-phase.global_batch_size // dp)
+        return rows
+
     def _loader(self, recipe: str | None = None) -> TrainDataLoader:
-        """This rank's loader at its data-parallel coordinate: TP peers share one,
-        run by TP rank 0, which broadcasts each batch to the others (collective)."""
+        """This rank's loader at its data-parallel coordinate: its TP peers and
+        pipeline stages share one, run by the group's rank 0 (stage 0, TP rank 0),
+        which broadcasts each batch to the others (collective)."""
         m = self.mesh
         return TrainDataLoader.from_config(
             self.cfg, m.dp_rank, m.dp_size, recipe, for_validation=recipe is not None,
-            dp_group=m.dp_group, tp_group=m.tp_group, device=self.device,
+            dp_group=m.dp_group, coordinate_group=m.coordinate_group, device=self.device,
         )  # fmt: skip
 
-    def _build_model(self) -> torch.nn.Module:
-        spec = self.spec
-        with torch.device("meta"):
-            model = spec.build(self.model_args)
-        logger.info(
-            f"model {spec.name}/{self.cfg.model.flavor}: {count_parameters(model):,} parameters, "
-            f"{spec.describe(self.model_args)}"
-        )
-        training = self.cfg.training
-        if self.device.type == "cpu" and training.mixed_precision_param == "bfloat16":
-            logger.info("CPU run: computing in float32 (bfloat16 matmuls are slow on CPU)")
-            training = replace(training, mixed_precision_param="float32")
-        spec.parallelize(model, self.mesh, training)
-        model.to_empty(device=self.device)
-        # Initialise from the seed on the CPU generator, full tensor by full tensor,
-        # so the weights are the same for every data-parallel size.
-        model.init_weights(torch.Generator(device="cpu").manual_seed(training.seed))
-        if training.log_init_digest:
-            h = hashlib.sha256()
-            for name, p in model.named_parameters():
-                h.update(name.encode())
-                h.update(_full(p.detach()).float().cpu().numpy().tobytes())
-            logger.info(f"initial weights sha256 {h.hexdigest()}")
-        return model
-
     def _forward_backward(self, batch: Any, n_valid_global: int) -> torch.Tensor:
-        """Accumulate gradients over micro-batches (the rows of the step's phase);
-        returns this rank's loss sum.
-
-        By default FSDP reduce-scatters after every micro-batch, so each rank only
-        ever holds sharded gradients; `parallelism.defer_grad_sync` reduces once, on
-        the last micro-batch, at the cost of unsharded gradients meanwhile."""
-        micro = batch.micro_batches(self.plan.micro_rows(self.plan.phase_at(self.step)))
-        defer = self.cfg.parallelism.defer_grad_sync
-        loss_total = torch.zeros((), device=self.device)
-        # FSDP averages gradients over data-parallel ranks; scaling by dp makes the
-        # result the gradient of (sum of token losses over the global batch) / valid tokens.
-        scale = self.dp / max(n_valid_global, 1)
-        for i, mb in enumerate(micro):
-            if defer:
-                self.model.set_requires_gradient_sync(i == len(micro) - 1)
-            logits = self.model(**self.spec.inputs(mb, self.device))
-            loss_sum, _ = cross_entropy_sum(logits, to_device(mb.labels, self.device))
-            (loss_sum * scale).backward()
-            loss_total += loss_sum.detach()
-        return loss_total
+        """This rank's passes over the step's batch (micro-batches: the phase's rows);
+        returns its loss sum. FSDP averages gradients over data-parallel ranks;
+        scaling by dp makes the result the gradient of (sum of token losses over
+        the global batch) / valid tokens."""
+        rows = self.plan.micro_rows(self.plan.phase_at(self.step))
+        return self.passes.train(batch, rows, self.dp / max(n_valid_global, 1))
 
     def train_step(self, batch: Any, n_valid: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step; returns (this rank's loss sum, gradient norm). The
@@ -210,8 +180,8 @@ class Trainer:
         params = list(self.model.parameters())
         fold_loss_into_grads(loss_sum, params)
         # Every gradient is a DTensor on the same mesh (FSDP x TP), so the norm
-        # is taken across both.
-        grad_norm = clip_grads(params, self.cfg.training.max_norm)
+        # is taken across both; the stages' norms are then summed (PP).
+        grad_norm = clip_grads(params, self.cfg.training.max_norm, self.mesh.pp_group)
         self.last_loss = None
         if self.divergence.tracks_loss:
             self.last_loss = self._global_loss(loss_sum.clone(), n_valid)
@@ -227,11 +197,11 @@ class Trainer:
     def _batch_counts(self, batch: Any, stop: bool = False) -> StepAgreement:
         """Collective, the one all-reduce of every step (see runtime/agreement.py)."""
         n_valid = batch.num_valid_tokens() if batch is not None else None
-        return agree(n_valid, stop, self.mesh.dims.tp, self.device)
+        return agree(n_valid, stop, self.mesh.dims.coordinate_size, self.device)
 
     def _global_loss(self, loss_sum: torch.Tensor, n_valid: int) -> float:
         """Collective: the global batch's mean token loss (called at log steps only)."""
-        dist.all_reduce(loss_sum, group=self.mesh.dp_group)
+        dist.all_reduce(loss_sum, group=self.mesh.loss_group)
         return float(loss_sum.item()) / max(n_valid, 1)
 
     def validate(self) -> float:
@@ -240,9 +210,8 @@ class Trainer:
         t = cfg.training  # validation keeps the job's own shape, whatever the phase
         rows = micro_rows(t.local_batch_size, t.local_batch_tokens or None, t.seq_len)
         return validation_loss(
-            self.model, self.spec.inputs, self._loader(cfg.validation.recipe), rows,
-            cfg.validation.steps, lambda b: self._batch_counts(b).have_all, self.device,
-            self.mesh.dp_group,
+            self.passes, self._loader(cfg.validation.recipe), rows, cfg.validation.steps,
+            lambda b: self._batch_counts(b).have_all, self.device, self.mesh.loss_group,
         )  # fmt: skip
 
     def run(self) -> int:

@@ -109,7 +109,7 @@ def _rank_main(rank: int, world: int, init_file: str, out: str) -> None:
         # rank: equal digests pass, one peer with a digest fewer is caught.
         singles = [dist.new_group([r]) for r in range(world)]
         peers = TrainDataLoader(
-            FakeLoader(rank), dp_size=1, dp_group=singles[rank], tp_group=dist.group.WORLD
+            FakeLoader(rank), dp_size=1, dp_group=singles[rank], coordinate_group=dist.group.WORLD
         )
         result["tp_equal"] = peers.global_digest(FakeBatch(5, _digests(0, 3)))
         try:
@@ -148,6 +148,7 @@ def test_glue_collectives_with_a_different_number_of_digests_per_rank(tmp_path):
         merged = {"merged": [{"rank": r} for r in range(world)]}
         assert got["handoff"] == {"loaded": [merged, merged], "state_calls": 2}
         assert got["tp_equal"] == global_batch_digest(_digests(0, 3))
-        assert "tensor-parallel peers received different batches at step 5" in (
-            got["tp_unequal"] or ""
+        assert (
+            "the processes of one data-parallel coordinate received different batches at step 5"
+            in (got["tp_unequal"] or "")
         )

@@ -147,7 +147,9 @@ def _peer_main(rank: int, init_file: str, out: str) -> None:
         result["kind"] = type(peer).__name__
         result["names"] = list(peer.source_names)
         singles = [dist.new_group([r]) for r in range(2)]
-        glue = TrainDataLoader(peer, dp_size=1, dp_group=singles[rank], tp_group=dist.group.WORLD)
+        glue = TrainDataLoader(
+            peer, dp_size=1, dp_group=singles[rank], coordinate_group=dist.group.WORLD
+        )
         first = glue.next_batch()
         result["batch"] = _describe(first)
         result["global"] = glue.global_digest(first)
@@ -189,7 +191,10 @@ def test_a_receiver_gets_every_field_and_the_loading_peers_error(tmp_path):
     assert receiver["batch"] == expected  # every field, the images' pixels included
     assert receiver["global"] == sender["global"]
     for side in (sender, receiver):
-        assert "tensor-parallel peers received different batches at step 2" in side["lost_field"]
+        assert (
+            "the processes of one data-parallel coordinate received different batches at step 2"
+            in side["lost_field"]
+        )
         assert side["error"] == ["DataError", "captions/part-0.tar: a bad record at member 7"]
     assert sender["work"]["tokens_tokenized"] == 5 and sender["work"]["broadcast_batches"] == 2
     assert receiver["work"] == {"receivers": 1, "received_bytes": sender["work"]["broadcast_bytes"]}

@@ -64,14 +64,23 @@ def fold_loss_into_grads(loss_sum: torch.Tensor, params: Iterable[torch.nn.Param
 
 
 @torch.no_grad()
-def clip_grads(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+def clip_grads(
+    params: list[torch.nn.Parameter],
+    max_norm: float,
+    pp_group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
     """Clip the gradients to `max_norm`; returns their global norm as a plain tensor,
     reduced over the whole mesh by the one all-reduce that clipping needs anyway, so
-    reading it costs no further collective."""
+    reading it costs no further collective. Under pipeline parallelism each stage
+    holds other parameters: their squared norms are summed over `pp_group`."""
     grads = [p.grad for p in params if p.grad is not None]
     total = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
     if isinstance(total, DTensor):
         total = total.full_tensor()
+    if pp_group is not None:
+        squared = total.double() ** 2
+        dist.all_reduce(squared, group=pp_group)
+        total = squared.sqrt().to(total.dtype)
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
     return total
 

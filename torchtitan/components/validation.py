@@ -14,25 +14,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torchtitan.components.loss import cross_entropy_sum
-from torchtitan.distributed.device_io import to_device
+from torchtitan.components.forward_backward import ForwardBackward
 
 
 @torch.no_grad()
 def validation_loss(
-    model: torch.nn.Module,
-    inputs: Callable[[Any, torch.device], dict[str, Any]],
+    passes: ForwardBackward,
     loader: Any,
     rows: int,
     steps: int,
     every_rank_has: Callable[[Any], bool],
     device: torch.device,
-    dp_group: dist.ProcessGroup | None,
+    loss_group: dist.ProcessGroup | None,
 ) -> float:
     """Mean token loss over `steps` batches of `loader` (-1: until it ends), in
-    micro-batches of `rows`. `inputs` gives the model's arguments of a micro-batch
-    (the model spec's); `every_rank_has(batch)` is the trainer's per-step collective
-    (all ranks stop together when one runs out). Closes the loader."""
+    micro-batches of `rows`, run by `passes` (forward only); `every_rank_has(batch)`
+    is the trainer's per-step collective (all ranks stop together when one runs
+    out); `loss_group` counts every batch's loss once. Closes the loader."""
     totals = torch.zeros(2, dtype=torch.float64, device=device)
     n = 0
     try:
@@ -40,13 +38,11 @@ def validation_loss(
             batch = loader.next_batch()
             if not every_rank_has(batch):
                 break
-            for mb in batch.micro_batches(rows):
-                logits = model(**inputs(mb, device))
-                loss_sum, n_valid = cross_entropy_sum(logits, to_device(mb.labels, device))
-                totals[0] += loss_sum.double()
-                totals[1] += n_valid.double()
+            loss_sum, n_valid = passes.evaluate(batch, rows)
+            totals[0] += loss_sum
+            totals[1] += n_valid
             n += 1
     finally:
         loader.close()
-    dist.all_reduce(totals, group=dp_group)
+    dist.all_reduce(totals, group=loss_group)
     return float(totals[0] / totals[1].clamp(min=1))

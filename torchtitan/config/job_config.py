@@ -95,6 +95,18 @@ class Training:
     costs one scalar all-reduce per step)."""
 
 
+# The pipeline schedules of `torch.distributed.pipelining` the trainer offers: the
+# first two run one stage per process, the third several (virtual stages).
+PIPELINE_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
+# Schedules torch has that the trainer refuses, and why (docs/parallelism.md).
+REFUSED_SCHEDULES = {
+    name: "torch 2.13's zero-bubble schedules gave other gradients than 1F1B on the same "
+    "batch (the step-1 gradient norm of the debug model 1.38 instead of 1.53), so they "
+    "are not offered"
+    for name in ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+}
+
+
 @dataclass
 class Parallelism:
     data_parallel_replicate_degree: int = 1
@@ -104,6 +116,16 @@ class Parallelism:
     """FSDP degree within a replica; -1 = the processes left over by the other degrees."""
     tensor_parallel_degree: int = 1
     """Llama 3 tensor parallelism with sequence-parallel norms (innermost dimension)."""
+    pipeline_parallel_degree: int = 1
+    """Pipeline stages (outermost dimension): each process holds a slice of the layers."""
+    pipeline_parallel_schedule: str = "1F1B"
+    """One of PIPELINE_SCHEDULES (`torch.distributed.pipelining`)."""
+    pipeline_parallel_microbatch_size: int = 1
+    """Rows per pipeline micro-batch; a rank's rows per step must be a multiple of it,
+    giving at least as many micro-batches as stages."""
+    pipeline_parallel_stages_per_rank: int = 0
+    """Virtual stages each process runs; 0 = 1 for GPipe and 1F1B, 2 for
+    Interleaved1F1B (which takes several)."""
     defer_grad_sync: bool = False
     """Reduce gradients only on the last micro-batch: fewer collectives, but every rank
     holds the whole model's unsharded gradients until then (small models only)."""
@@ -262,6 +284,13 @@ def _describe(tp: Any) -> str:
 def _suggest(name: str, known: list[str], fmt: str = "{!r}") -> str:
     close = difflib.get_close_matches(name, known, n=1)
     return f"; did you mean {fmt.format(close[0])}?" if close else ""
+
+
+def _closest_schedule(name: str) -> str:
+    """Case-blind: "1f1b" and "interleaved_1f1b" find their schedule."""
+    folded = {s.lower(): s for s in PIPELINE_SCHEDULES}
+    close = difflib.get_close_matches(name.lower().replace("_", ""), list(folded), n=1)
+    return f"; did you mean {folded[close[0]]!r}?" if close else ""
 
 
 # --------------------------------------------------------------------------- coercion
@@ -439,6 +468,20 @@ def _check_ranges(cfg: JobConfig, provenance: dict[tuple[str, str], str]) -> Non
         ),
         ("parallelism", "data_parallel_shard_degree", lambda v: v == -1 or v >= 1, "-1 or >= 1"),
         ("parallelism", "tensor_parallel_degree", lambda v: v >= 1, "an integer >= 1"),
+        ("parallelism", "pipeline_parallel_degree", lambda v: v >= 1, "an integer >= 1"),
+        (
+            "parallelism",
+            "pipeline_parallel_schedule",
+            lambda v: v in PIPELINE_SCHEDULES,
+            f"one of {', '.join(PIPELINE_SCHEDULES)}",
+        ),
+        ("parallelism", "pipeline_parallel_microbatch_size", lambda v: v >= 1, "rows >= 1"),
+        (
+            "parallelism",
+            "pipeline_parallel_stages_per_rank",
+            lambda v: v >= 0,
+            "0 (the schedule's default) or an integer >= 1",
+        ),
         ("parallelism", "max_idle_share", lambda v: 0 <= v <= 1, "a share in [0, 1]"),
         ("checkpoint", "interval", lambda v: v >= 1, "an integer >= 1"),
         ("checkpoint", "keep_latest_k", lambda v: v >= 0, "an integer >= 0"),
@@ -463,8 +506,15 @@ def _check_ranges(cfg: JobConfig, provenance: dict[tuple[str, str], str]) -> Non
         value = getattr(getattr(cfg, section), name)
         if not ok(value):
             source = provenance.get((section, name), "default")
+            hint = ""
+            if name == "pipeline_parallel_schedule":
+                hint = (
+                    f" ({REFUSED_SCHEDULES[value]})"
+                    if value in REFUSED_SCHEDULES
+                    else (_closest_schedule(value))
+                )
             raise ConfigError(
-                f"{source}: [{section}] {name} = {value!r} is invalid: expected {expected}"
+                f"{source}: [{section}] {name} = {value!r} is invalid: expected {expected}{hint}"
             )
 
 

@@ -5,11 +5,13 @@ the first step of a phase that changes the lane count. It speaks only the
 loader contract (`contract.RankLoader`), so it never asks which loader kind
 runs. The startup checks of `[data]` and `[validation]` live here too.
 
-Collectives run over the data-parallel group (one per tensor-parallel
-coordinate), never the world: tensor-parallel peers hold the same batch and
-would otherwise be counted twice. Only one of them loads it: the others
-receive it by broadcast (`coordinate_loader.py`), so the loading peers'
-data-parallel group holds every loader state, and rank 0 is one of them."""
+Collectives run over the data-parallel group (one per coordinate of the other
+dimensions: tensor parallel, pipeline stage), never the world: the processes
+of one data-parallel coordinate (its *coordinate group*: TP peers and pipeline
+stages) hold the same batch and would otherwise be counted more than once. Only
+one of them loads it: the others receive it by broadcast
+(`coordinate_loader.py`), so the loading peers' data-parallel group holds every
+loader state, and rank 0 is one of them."""
 
 from __future__ import annotations
 
@@ -47,18 +49,19 @@ class TrainDataLoader:
         loader: RankLoader,
         dp_size: int,
         dp_group: dist.ProcessGroup | None = None,
-        tp_group: dist.ProcessGroup | None = None,
+        coordinate_group: dist.ProcessGroup | None = None,
         device: torch.device | None = None,
     ):
-        """`dp_group`: the data-parallel ranks (None = the world); `tp_group`: this
-        rank's tensor-parallel peers, whose batches must agree; `device`: where the
+        """`dp_group`: the data-parallel ranks (None = the world); `coordinate_group`: the
+        processes of this data-parallel coordinate (TP peers, pipeline stages),
+        whose batches must agree; `device`: where the
         collectives run (a CUDA device under NCCL)."""
         self.loader = loader
         self.dp_size = dp_size
         # The document gather_state made since the last batch (a checkpoint of this
         # step), reused when the next step changes the lane count.
         self._gathered: dict[str, Any] | None = None
-        self.dp_group, self.tp_group = dp_group, tp_group
+        self.dp_group, self.coordinate_group = dp_group, coordinate_group
         self.device = device or torch.device("cpu")
 
     @classmethod
@@ -70,20 +73,20 @@ class TrainDataLoader:
         recipe_path: str | None = None,
         for_validation: bool = False,
         dp_group: dist.ProcessGroup | None = None,
-        tp_group: dist.ProcessGroup | None = None,
+        coordinate_group: dist.ProcessGroup | None = None,
         device: torch.device | None = None,
     ) -> TrainDataLoader:
         """The `[data]` loader at data-parallel coordinate `dp_rank` of `dp_size`;
         validation always reads with Zephon (the same batches at any size).
-        Collective over `tp_group`: its rank 0 builds the loader, the other peers
+        Collective over `coordinate_group`: its rank 0 builds the loader, the other peers
         receive its batches (one loader per data-parallel coordinate)."""
         kind = "zephon" if for_validation else cfg.data.loader
         recipe = load_recipe(recipe_path or cfg.data.recipe)
         device = device or torch.device("cpu")
         loader = one_loader_per_coordinate(
-            lambda: LOADERS[kind](cfg, recipe, dp_rank, dp_size), tp_group, device
+            lambda: LOADERS[kind](cfg, recipe, dp_rank, dp_size), coordinate_group, device
         )
-        return cls(loader, dp_size, dp_group, tp_group, device)
+        return cls(loader, dp_size, dp_group, coordinate_group, device)
 
     @property
     def source_names(self) -> tuple[str, ...]:
@@ -111,15 +114,15 @@ class TrainDataLoader:
 
         Each rank contributes its own number of 32-byte unit digests (its lanes,
         or rows for the hf loader); gathered in rank order they are in canonical
-        order. Tensor-parallel peers must hold byte-identical batches: each
+        order. The processes of a coordinate group must hold byte-identical batches: each
         hashes the whole batch it holds (every field, images included: what a
         receiving peer got, what the loading peer loaded) and the hashes must agree."""
-        if self.tp_group is not None:
+        if self.coordinate_group is not None:
             mine = batch_digest(batch)
-            peers = gather_digests([mine], self.tp_group, self.device)
+            peers = gather_digests([mine], self.coordinate_group, self.device)
             if any(p != [mine] for p in peers):
                 raise RuntimeError(
-                    f"tensor-parallel peers received different batches at step {batch.step}: "
+                    f"the processes of one data-parallel coordinate received different batches at step {batch.step}: "
                     "a peer holds other bytes than its loading peer (a broadcast lost or "
                     "changed a field) or their data-parallel coordinates disagree"
                 )

@@ -10,15 +10,14 @@ Model arguments are the model's own frozen dataclass; the trainer reads only
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
 
-    from torchtitan.config.job_config import Training
-    from torchtitan.distributed.mesh import ParallelDims, ParallelMesh
+    from torchtitan.distributed.mesh import ParallelDims
 
 
 class StateDictAdapter(Protocol):
@@ -46,6 +45,22 @@ class StateDictAdapter(Protocol):
 
 
 @dataclass(frozen=True)
+class PipelineSplit:
+    """How a model splits into pipeline stages (its folder's `pipeline.py`)."""
+
+    check: Callable[[Any, int], list[int]]
+    """(args, number of stages) -> blocks per stage; one ConfigError naming every
+    reason the model cannot split so."""
+    split: Callable[[torch.nn.Module, Sequence[int], int], list[torch.nn.Module]]
+    """(model, this process's stage indices, number of stages) -> one module per
+    index, called as `stage(x, **keywords)`; prunes the model to those stages'
+    modules, keeping their names (checkpoints load across pipeline degrees)."""
+    inputs: Callable[[Any, torch.device], tuple[torch.Tensor, dict[str, Any]]]
+    """(batch, device) -> (the first stage's input, the keyword inputs every stage
+    reads), split into micro-batches along the rows by the schedule."""
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     flavors: Mapping[str, Any]
@@ -56,8 +71,10 @@ class ModelSpec:
     """args -> the model on the current default device (the trainer builds on meta).
     The model has `init_weights(generator)`, which draws every parameter in full
     so the weights do not depend on the sharding."""
-    parallelize: Callable[[torch.nn.Module, ParallelMesh, Training], torch.nn.Module]
-    """Tensor parallelism, activation checkpointing, compile, then FSDP2/HSDP."""
+    parallelize: Callable[..., torch.nn.Module]
+    """(model, mesh, training, stages=None): tensor parallelism, activation
+    checkpointing, compile, then FSDP2/HSDP; under pipeline parallelism `stages`
+    (from `pipeline.split`) are sharded as the roots instead of the model."""
     check_parallelism: Callable[[Any, ParallelDims, int], None]
     """(args, dims, seq_len): one ConfigError naming every shape the mesh cannot split."""
     args_from_hf_config: Callable[..., Any]
@@ -76,6 +93,8 @@ class ModelSpec:
     """(micro-batch, device) -> the model's keyword arguments, on `device`: what the
     model reads of a `zephon.batch.Batch` (`text_inputs`, or more, e.g. images), so
     the training loop calls every model the same way."""
+    pipeline: PipelineSplit | None = None
+    """How the model splits into pipeline stages; None: it cannot (PP refused)."""
 
 
 def text_inputs(mb: Any, device: torch.device) -> dict[str, Any]:
@@ -83,6 +102,12 @@ def text_inputs(mb: Any, device: torch.device) -> dict[str, Any]:
     from torchtitan.distributed.device_io import to_device  # torch only when called
 
     return {"tokens": to_device(mb.input_ids, device), "positions": to_device(mb.positions, device)}
+
+
+def text_pipeline_inputs(mb: Any, device: torch.device) -> tuple[torch.Tensor, dict[str, Any]]:
+    """A text model's pipeline inputs: `tokens` to the first stage, `positions` to all."""
+    inputs = text_inputs(mb, device)
+    return inputs["tokens"], {"positions": inputs["positions"]}
 
 
 def count_parameters(model: torch.nn.Module) -> int:

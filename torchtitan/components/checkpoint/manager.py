@@ -125,6 +125,19 @@ class _TrainState(Stateful):
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
+        # A parameter group's list of names is saved once (DCP keeps one copy of a
+        # value every rank writes), so it holds the saving rank's parameters only;
+        # under pipeline parallelism other ranks hold others. The groups' settings
+        # are the same on every rank: keep them, with this rank's own names.
+        own = get_state_dict(self.model, self.optimizer)[1]["param_groups"]
+        saved = sd["optimizer"]["param_groups"]
+        if len(own) != len(saved):
+            raise CheckpointError(
+                f"the checkpoint's optimizer has {len(saved)} parameter group(s), this "
+                f"model's {len(own)}: it was written by another optimizer setup"
+            )
+        for group, mine in zip(saved, own, strict=True):
+            group["params"] = mine["params"]
         set_state_dict(
             self.model,
             self.optimizer,

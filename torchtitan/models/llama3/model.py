@@ -202,22 +202,29 @@ class Transformer(nn.Module):
         parallelism this rank's sequence shard of them; ``seq_len`` is the whole
         S) -> logits ``[B, S, vocab_size]``. A model that puts other embeddings
         at some positions (image features) calls this instead of ``forward``."""
+        rope, mask = self.rope_and_mask(seq_len, positions)
+        for layer in self.layers.values():
+            h = layer(h, rope, mask)
+        return self.project(h)
+
+    def rope_and_mask(
+        self, seq_len: int, positions: torch.Tensor | None
+    ) -> tuple[torch.Tensor, Mask]:
+        """What every block reads besides the hidden state: the rotary table for
+        these positions and the attention mask (None = plain causal)."""
         if seq_len > self.args.max_seq_len:
             raise ValueError(
                 f"sequence length {seq_len} exceeds max_seq_len {self.args.max_seq_len}"
             )
-        mask: Mask = None
         if positions is None or self.args.attention == "causal":
-            rope = self.rope_cache[:seq_len].unsqueeze(0)
-        else:
-            rope = self.rope_cache[positions]
-            if self.args.attention_impl == "flex":
-                mask = document_block_mask(positions)
-            else:
-                mask = document_causal_mask(positions)
+            return self.rope_cache[:seq_len].unsqueeze(0), None
+        rope = self.rope_cache[positions]
+        if self.args.attention_impl == "flex":
+            return rope, document_block_mask(positions)
+        return rope, document_causal_mask(positions)
 
-        for layer in self.layers.values():
-            h = layer(h, rope, mask)
+    def project(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm and output projection: the last hidden state -> logits."""
         h = self.norm(h)
         if self.output is None:
             return F.linear(h, self.tok_embeddings.weight)
@@ -230,7 +237,7 @@ class Transformer(nn.Module):
         Each parameter is drawn in full, in ``named_parameters`` order, from
         ``generator`` (CPU default generator when None) and then cut to this
         rank's shard, so the weights depend only on the seed and the generator's
-        device -- not on the world size or on whether FSDP was applied yet. Works
+        device -- not on the world size, the pipeline split, or whether FSDP was applied yet. Works
         after ``to_empty()`` of a meta-device model. Costs one full-size tensor
         per parameter in turn on the generator's device.
 
@@ -243,21 +250,36 @@ class Transformer(nn.Module):
 
         std = self.args.init_std
         residual_std = std / math.sqrt(2 * self.args.n_layers)
-        norm_params = {id(m.weight) for m in self.modules() if isinstance(m, RMSNorm)}
+        # The whole model's parameters, in order, even when this one holds a pipeline
+        # stage's share: the draws, and so every weight, do not depend on the split.
+        with torch.device("meta"):
+            whole = Transformer(self.args) if _is_pruned(self) else self
+        norm_params = {id(m.weight) for m in whole.modules() if isinstance(m, RMSNorm)}
         residual_params: set[int] = set()
-        for block in self.layers.values():
+        for block in whole.layers.values():
             residual_params.add(id(block.attention.wo.weight))
             residual_params.add(id(block.feed_forward.w2.weight))
 
+        mine = dict(self.named_parameters())
         gen_device = generator.device if generator is not None else torch.device("cpu")
-        for param in self.parameters():
+        for name, param in whole.named_parameters():
             full = torch.empty(param.shape, dtype=torch.float32, device=gen_device)
             if id(param) in norm_params:
                 full.fill_(1.0)
             else:
                 p_std = residual_std if id(param) in residual_params else std
                 full.normal_(0.0, p_std, generator=generator)
-            copy_full_into(param, full)
+            if name in mine:
+                copy_full_into(mine[name], full)
+
+
+def _is_pruned(model: Transformer) -> bool:
+    """Whether `model` holds only a pipeline stage's share of its layers."""
+    return (
+        len(model.layers) != model.args.n_layers
+        or model.tok_embeddings is None
+        or (model.norm is None)
+    )
 
 
 def copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:

@@ -14,6 +14,9 @@ everything after it are the same as without tensor parallelism.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement, Replicate, Shard
 from torch.distributed.tensor.parallel import (
@@ -31,10 +34,17 @@ from torchtitan.models.llama3.args import ModelArgs
 from torchtitan.models.llama3.model import Transformer
 
 
-def parallelize_llama(model: Transformer, mesh: ParallelMesh, training: Training) -> Transformer:
+def parallelize_llama(
+    model: Transformer,
+    mesh: ParallelMesh,
+    training: Training,
+    stages: Sequence[nn.Module] | None = None,
+) -> Transformer:
     """Tensor-parallel plan over the TP mesh (if any), activation checkpointing,
     compile, then FSDP over the data-parallel mesh: each transformer block, then
-    the root (embeddings, norm, output). Works on a meta model."""
+    the root (embeddings, norm, output). Works on a meta model. Under pipeline
+    parallelism `model` holds this process's stages only and each of `stages` is
+    a root (the schedule calls them, not the model)."""
     if mesh.tp is not None:
         apply_tensor_parallel(model, mesh.tp)
     if training.activation_checkpoint == "full":
@@ -45,7 +55,7 @@ def parallelize_llama(model: Transformer, mesh: ParallelMesh, training: Training
         for block in model.layers.values():
             block.compile()
     apply_fsdp(
-        model,
+        list(stages) if stages is not None else [model],
         list(model.layers.values()),
         mesh.fsdp,
         training.mixed_precision_param,
@@ -99,19 +109,19 @@ def apply_tensor_parallel(
     head counts from the projected shapes, so it runs unchanged on n_heads / tp heads.
     `embeddings_layout` Replicate(): the token embeddings come out whole, for a model
     that edits them before the blocks (and then cuts this rank's sequence shard)."""
-    parallelize_module(
-        model,
-        tp_mesh,
-        {
-            "tok_embeddings": RowwiseParallel(
-                input_layouts=Replicate(), output_layouts=embeddings_layout
-            ),
-            "norm": SequenceParallel(),
-            "output": ColwiseParallel(
-                input_layouts=Shard(1), output_layouts=Replicate(), use_local_output=True
-            ),
-        },
-    )
+    root_plan = {
+        "tok_embeddings": RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=embeddings_layout
+        ),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(
+            input_layouts=Shard(1), output_layouts=Replicate(), use_local_output=True
+        ),
+    }
+    # A pipeline stage's model lacks the modules of the other stages.
+    present = {k: v for k, v in root_plan.items() if getattr(model, k) is not None}
+    if present:
+        parallelize_module(model, tp_mesh, present)
     for block in model.layers.values():
         parallelize_module(
             block,

@@ -47,7 +47,7 @@ def parallelize_vlm(
         for block in blocks:
             block.compile()
     apply_fsdp(
-        model, blocks, mesh.fsdp, training.mixed_precision_param, training.mixed_precision_reduce
+        [model], blocks, mesh.fsdp, training.mixed_precision_param, training.mixed_precision_reduce
     )
     return model
 
