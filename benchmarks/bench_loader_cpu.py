@@ -1,4 +1,4 @@
-"""Loader CPU per trained token on one node: TP 1 against TP 2, 2 processes each.
+"""Loader CPU per trained token on one node: TP 1 against TP 2 and PP 2, 2 processes each.
 
     .venv/bin/python benchmarks/bench_loader_cpu.py [--steps 30]
     .venv/bin/python benchmarks/bench_loader_cpu.py --render   # .md from the committed JSON
@@ -8,6 +8,8 @@ CPU, gloo) on the same global batches:
 
 - `tp1`: FSDP 2. Two loaders, each loading half of every global batch.
 - `tp2`: TP 2. One loader (TP rank 0) broadcasts each batch to its peer.
+- `pp2`: pipeline parallel 2 (1F1B). One loader (stage 0) broadcasts each batch
+  to the other stage.
 - `tp2_every_peer`: TP 2 as it was before one loader per coordinate: both peers
   run a loader of the whole batch (patched in here, not a product setting).
 
@@ -46,7 +48,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "results"
 NAME = "bench_loader_cpu"
-MODES = {"tp1": (1, True), "tp2": (2, True), "tp2_every_peer": (2, False)}  # (TP, one loader)
+# name -> (TP, PP, one loader per coordinate)
+MODES = {
+    "tp1": (1, 1, True),
+    "tp2": (2, 1, True),
+    "pp2": (1, 2, True),
+    "tp2_every_peer": (2, 1, False),
+}
 # Broadcast shapes (rows, seq_len): this benchmark's rank batch, and a long-context one.
 SHAPES = [(32, 256), (8, 8192)]
 REPEATS = 200
@@ -77,7 +85,7 @@ def train_worker(mode: str, out: str, argv: list[str]) -> None:
     from zephon import ZephonLoader
 
     adapter.ZephonLoader = functools.partial(ZephonLoader, profile=True)
-    if not MODES[mode][1]:
+    if not MODES[mode][2]:
         glue.one_loader_per_coordinate = lambda build, group, device: build()
     profiles: list[dict[str, Any]] = []
     close_adapter = adapter.ZephonAdapter.close
@@ -170,8 +178,9 @@ def torchrun(nproc: int, script_args: list[str], timeout: int = 1800) -> str:
 def run_mode(mode: str, steps: int, tmp: Path) -> dict[str, Any]:
     out, dump = tmp / mode, tmp / f"{mode}_dump"
     out.mkdir()
-    tp, _ = MODES[mode]
+    tp, pp, _ = MODES[mode]
     args = [*train_args(steps), "--parallelism.tensor_parallel_degree", str(tp),
+            "--parallelism.pipeline_parallel_degree", str(pp),
             "--job.dump_folder", str(dump)]  # fmt: skip
     t0 = time.perf_counter()
     torchrun(2, ["--worker", mode, "--out", str(out), "--", *args])
@@ -185,6 +194,7 @@ def run_mode(mode: str, steps: int, tmp: Path) -> dict[str, Any]:
     trained = steps * GLOBAL_BATCH * SEQ_LEN
     return {
         "tp": tp,
+        "pp": pp,
         "processes": 2,
         "loaders": len(profiles),
         "steps": steps,
@@ -236,7 +246,7 @@ def render(doc: dict[str, Any]) -> str:
             else "-"
         )
         lines.append(
-            f"| {name} (TP {r['tp']}) | {r['loaders']} | "
+            f"| {name} (TP {r['tp']}, PP {r['pp']}) | {r['loaders']} | "
             f"{r['tokens_tokenized'] / r['trained_tokens']:.3f} | {r['loader_thread_cpu_s']:.2f} | "
             f"{r['loader_cpu_ns_per_token']:.0f} | {bcast} |"
         )

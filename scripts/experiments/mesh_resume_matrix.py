@@ -3,9 +3,10 @@
 global-batch digests as the pure-FSDP reference, and losses within 1e-4.
 
 Full runs (debug model, 6 steps, checkpoint at step 3) on 4 CPU processes as
-shard 4 (the reference), (replicate 2, shard 2) and (tp 2, shard 2); then each
-one's step-3 checkpoint resumed on other meshes, among them shard 2 (2
-processes) and (replicate 2, shard 4) on 8 processes. Writes
+shard 4 (the reference), (replicate 2, shard 2), (tp 2, shard 2), and with
+pipeline parallelism (pp 2, shard 2) and (pp 2, tp 2); then each one's step-3
+checkpoint resumed on other meshes, among them shard 2 and (pp 2, shard 1) on
+2 processes, shard 3 (PP 1, uneven lanes) and (replicate 2, shard 4) on 8. Writes
 docs/results/mesh_resume_matrix.{json,md}; exits 1 if any digest differs or a
 loss is further than 1e-4 (relative) from the reference.
 
@@ -33,19 +34,25 @@ from harness.train import (
 )
 
 STEPS, K, LOSS_RTOL = 6, 3, 1e-4
-# name -> (processes, (replicate, shard, tp))
+# name -> (processes, (replicate, shard, tp, pp)); pipelines run 1F1B
 MESHES = {
-    "shard4": (4, (1, 4, 1)),
-    "hsdp2x2": (4, (2, 2, 1)),
-    "tp2xshard2": (4, (1, 2, 2)),
-    "shard2": (2, (1, 2, 1)),
-    "hsdp2x4": (8, (2, 4, 1)),
+    "shard4": (4, (1, 4, 1, 1)),
+    "hsdp2x2": (4, (2, 2, 1, 1)),
+    "tp2xshard2": (4, (1, 2, 2, 1)),
+    "pp2xshard2": (4, (1, 2, 1, 2)),
+    "pp2xtp2": (4, (1, 1, 2, 2)),
+    "shard2": (2, (1, 2, 1, 1)),
+    "shard3": (3, (1, 3, 1, 1)),
+    "pp2xshard1": (2, (1, 1, 1, 2)),
+    "hsdp2x4": (8, (2, 4, 1, 1)),
 }
-SAVED_ON = ["shard4", "hsdp2x2", "tp2xshard2"]
+SAVED_ON = ["shard4", "hsdp2x2", "tp2xshard2", "pp2xshard2", "pp2xtp2"]
 RESUMES = {
-    "shard4": ["hsdp2x2", "tp2xshard2", "shard2", "hsdp2x4"],
+    "shard4": ["hsdp2x2", "tp2xshard2", "shard2", "hsdp2x4", "pp2xshard2", "pp2xshard1"],
     "hsdp2x2": ["tp2xshard2", "shard2", "hsdp2x4"],
-    "tp2xshard2": ["shard4", "hsdp2x2", "shard2", "hsdp2x4"],
+    "tp2xshard2": ["shard4", "hsdp2x2", "shard2", "hsdp2x4", "pp2xtp2"],
+    "pp2xshard2": ["shard3", "shard4", "pp2xshard1", "tp2xshard2", "pp2xtp2"],
+    "pp2xtp2": ["shard2", "pp2xshard2"],
 }
 BASE = [
     "--job.config_file", str(REPO / "train_configs" / "llama3_debugmodel.toml"),
@@ -57,12 +64,13 @@ BASE = [
 
 
 def run(name: str, dump: Path) -> dict[int, dict]:
-    nproc, (rep, shard, tp) = MESHES[name]
+    nproc, (rep, shard, tp, pp) = MESHES[name]
     args = [
         *BASE,
         "--parallelism.data_parallel_replicate_degree", str(rep),
         "--parallelism.data_parallel_shard_degree", str(shard),
         "--parallelism.tensor_parallel_degree", str(tp),
+        "--parallelism.pipeline_parallel_degree", str(pp),
     ]  # fmt: skip
     run_logged(nproc, dump, args, timeout=900)
     return read_metrics(dump)
@@ -73,7 +81,9 @@ def page(rows: list[dict[str, Any]]) -> str:
     lines = [
         f"Debug model, {STEPS} steps, checkpoint at step {K}; reference: pure FSDP on 4 "
         "processes (shard4). Meshes: hsdp2x2 = replicate 2 x shard 2, tp2xshard2 = tensor "
-        "parallel 2 x shard 2, hsdp2x4 = replicate 2 x shard 4 (8 processes).",
+        "parallel 2 x shard 2, pp2xshard2 = pipeline 2 (1F1B) x shard 2, pp2xtp2 = pipeline "
+        "2 x tensor parallel 2, pp2xshard1 = pipeline 2 on 2 processes, shard3 = 3 "
+        "processes (8 lanes: uneven), hsdp2x4 = replicate 2 x shard 4 (8 processes).",
         "",
         "| run | steps compared | digests equal | max relative loss difference |",
         "|---|---|---|---|",
