@@ -15,6 +15,7 @@ from harness.train import (  # noqa: F401  (re-exported for the tests)
     copy_checkpoint,
     ensure_sample_data,
     read_metrics,
+    read_validation,
     torchrun_train,
 )
 from helpers import REPO

@@ -1,5 +1,6 @@
 """One loader per data-parallel coordinate: tensor-parallel peers share the loader
-of their TP rank 0, which broadcasts each batch to the others.
+of their TP rank 0, which broadcasts each batch to the others (pipeline stages
+likewise: tests/integration/trainer/test_pipeline_parallel.py).
 
 Proved by counting work, not time: a TP 2 x FSDP 2 job (4 processes) runs 2
 loaders and tokenizes exactly the tokens that FSDP 2 alone tokenizes (every peer
@@ -23,7 +24,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers.train import ensure_sample_data, metrics, ok, torchrun
+from helpers import REPO
+from helpers.train import ensure_sample_data, metrics, ok, torchrun, torchrun_train
 
 from torchtitan.datasets.coordinate_loader import batch_digest, one_loader_per_coordinate
 from torchtitan.datasets.dataloader import TrainDataLoader
@@ -37,14 +39,14 @@ TP = ["--parallelism.tensor_parallel_degree", "2"]
 INLINE = ["--data.num_workers", "0", "--data.prefetch", "0", "--training.steps", "3"]
 WORK = re.compile(
     r"data loading work: (\d+) loader\(s\) on (\d+) process\(es\): "
-    r"tokens_tokenized ([\d,]+), docs_tokenized ([\d,]+)"
+    r"tokens_tokenized ([\d,]+), docs_tokenized ([\d,]+), images_decoded ([\d,]+)"
 )
 
 
 def work(stdout: str) -> dict[str, int]:
     found = WORK.findall(stdout)
     assert len(found) == 1, stdout[-3000:]
-    names = ("loaders", "processes", "tokens_tokenized", "docs_tokenized")
+    names = ("loaders", "processes", "tokens_tokenized", "docs_tokenized", "images_decoded")
     return {k: int(v.replace(",", "")) for k, v in zip(names, found[0], strict=True)}
 
 
@@ -73,6 +75,25 @@ def test_tp_peers_load_once_and_train_on_the_same_bytes(tmp_path):
     saved = [json.loads((tmp_path / run / "checkpoint" / "step-3" / "dataloader.json").read_text())
              for run in ("fsdp", "tp")]  # fmt: skip
     assert saved[0]["dp_size"] == 2 and saved[1] == saved[0]
+
+
+def test_tp_peers_of_the_vlm_decode_each_image_once(tmp_path):
+    """The image-text model on TP 2 (one data-parallel coordinate of 2 processes)
+    decodes and tokenizes exactly what one process alone does, on the same batches."""
+    ensure_sample_data()
+    vlm = ["--job.config_file", str(REPO / "train_configs" / "vlm_debugmodel.toml"),
+           "--training.steps", "2", "--data.num_workers", "0", "--data.prefetch", "0",
+           "--checkpoint.enable", "false", "--validation.enable", "false",
+           "--data.log_batch_digests", "true", "--metrics.log_freq", "1"]  # fmt: skip
+    alone = ok(torchrun_train(1, tmp_path / "one", vlm, timeout=600))
+    tp = ok(torchrun_train(2, tmp_path / "tp", [*vlm, *TP], timeout=600))
+    one, shared = work(alone.stdout), work(tp.stdout)
+    assert one["images_decoded"] > 0 and one["loaders"] == 1
+    assert shared["loaders"] == 1 and shared["processes"] == 2
+    assert shared["images_decoded"] == one["images_decoded"]
+    assert shared["tokens_tokenized"] == one["tokens_tokenized"]
+    ref, got = metrics(tmp_path / "one"), metrics(tmp_path / "tp")
+    assert [got[s]["digest"] for s in (1, 2)] == [ref[s]["digest"] for s in (1, 2)]
 
 
 # -- the broadcast, in process ----------------------------------------------------------

@@ -2,7 +2,7 @@
 (global batch 8 x 64 tokens, then 16 x 128 from step 11): PP 2 x FSDP 2 trains on
 the same global batches as FSDP 4 with the same losses (1e-5 relative), with 1F1B
 and with Interleaved1F1B (2 stages per rank, 4 in all), the schedule rebuilt for
-the new shape at the phase boundary; and the boundary checkpoint written under
+the new shape at the phase boundary, and the same validation loss at the end; and the boundary checkpoint written under
 PP 2 x FSDP 2 resumes as PP 2 x FSDP 1 on 2 processes with the same batches and
 losses after it."""
 
@@ -17,6 +17,7 @@ from helpers.train import (
     ensure_sample_data,
     metrics,
     ok,
+    read_validation,
     run_train_sh,
     torchrun_train,
 )
@@ -32,22 +33,32 @@ ARGS = [
     "--training.seq_len", "64", "--training.global_batch_size", "8",
     "--training.local_batch_size", "2", "--training.steps", str(STEPS),
     "--checkpoint.interval", "100", "--lr_scheduler.warmup_steps", "2",
-    "--validation.enable", "false",
+    "--validation.enable", "true", "--validation.freq", str(STEPS), "--validation.steps", "2",
+    "--validation.recipe", str(REPO / "train_configs" / "data" / "sample_val.toml"),
 ]  # fmt: skip
 PP2 = ["--parallelism.pipeline_parallel_degree", "2"]
 
 
-def run(nproc: int, dump: Path, *extra: str) -> dict[int, dict]:
+def run(nproc: int, dump: Path, *extra: str) -> Path:
     out = ok(torchrun_train(nproc, dump, [*ARGS, *extra], timeout=600))
     assert f"training done at step {STEPS}" in out.stdout, out.stdout[-2000:]
-    return metrics(dump)
+    if extra:  # one loader per data-parallel coordinate: stage 0 loads, stage 1 receives
+        assert "data loading work: 2 loader(s) on 4 process(es)" in out.stdout
+        assert "batches broadcast to 2 receiving peer(s)" in out.stdout
+    return dump
 
 
-def same_training(got: dict[int, dict], ref: dict[int, dict], steps: range) -> None:
-    assert sorted(got) == list(steps)
+def same_training(got: Path, ref: Path, steps: range) -> None:
+    """The same batches and losses at `steps`, and the same validation loss after."""
+    mine, theirs = metrics(got), metrics(ref)
+    assert sorted(mine) == list(steps)
     for step in steps:
-        assert got[step]["digest"] == ref[step]["digest"], step
-        assert got[step]["loss"] == pytest.approx(ref[step]["loss"], rel=1e-5), step
+        assert mine[step]["digest"] == theirs[step]["digest"], step
+        assert mine[step]["loss"] == pytest.approx(theirs[step]["loss"], rel=1e-5), step
+    val = read_validation(got)
+    assert list(val) == [STEPS] and val[STEPS] == pytest.approx(
+        read_validation(ref)[STEPS], rel=1e-5
+    )
 
 
 def test_pp2_x_fsdp2_trains_like_fsdp4_across_a_phase_and_resumes_at_another_degree(tmp_path):
@@ -60,13 +71,14 @@ def test_pp2_x_fsdp2_trains_like_fsdp4_across_a_phase_and_resumes_at_another_deg
         "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B",
     )  # fmt: skip
     same_training(interleaved, ref, range(1, STEPS + 1))
-    assert ref[11]["tokens"] == 2 * 2 * ref[10]["tokens"]  # the shape did change
+    shapes = metrics(ref)
+    assert shapes[11]["tokens"] == 2 * 2 * shapes[10]["tokens"]  # the shape did change
 
     copy_checkpoint(tmp_path / "pp_1f1b", 10, tmp_path / "pp2_fsdp1")
     out = ok(torchrun_train(2, tmp_path / "pp2_fsdp1", [*ARGS, *PP2], timeout=600))
     assert "resumed from step 10 on 1 data-parallel rank(s)" in out.stdout
     assert "mesh pp 2 x dp_replicate 1 x dp_shard 1" in out.stdout
-    same_training(metrics(tmp_path / "pp2_fsdp1"), ref, range(11, STEPS + 1))
+    same_training(tmp_path / "pp2_fsdp1", ref, range(11, STEPS + 1))
 
 
 def test_a_pipeline_that_does_not_fit_fails_before_training_with_one_line(tmp_path):
