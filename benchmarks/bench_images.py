@@ -1,15 +1,22 @@
 """Benchmark of the image pipeline: Zephon against the raw image work and the conventional path.
 
-Two generated image-caption corpora (WebDataset shards written by the sample
-generator, harness/sample_images.py: JPEG and PNG scenes with captions),
-each with image settings of its own (`CORPORA`):
+Three generated image-caption corpora (WebDataset shards written by the sample
+generator, harness/sample_images.py: JPEG and PNG scenes, or photograph-like
+JPEGs, with captions), each with image settings of its own (`CORPORA`):
 
 - web: scenes of 192 to 768 pixels a side, the sizes of web image-caption
   data, with Qwen2-VL-like settings (patch 14, merge 2, at most 200,704
   pixels = 256 placeholders an image), rows of 1,024 tokens;
 - thumbnails: the sample data's 64 to 256 pixels a side (patch 8, merge 2,
   at most 16,384 pixels), rows of 256 tokens. Each image is a fraction of a
-  millisecond of work, so this one prices the loader's own Python per image.
+  millisecond of work, so this one prices the loader's own Python per image;
+- photos: photograph-like JPEGs (`sample_images.photo`: texture at every
+  scale, edges and sensor noise, quality 70 to 95) of 360 to 1,000 pixels a
+  side, 20 to 300 KB a file (80 on average), with the web settings. The scenes
+  are flat colour, about 5 KB a file (web), far easier to decode than photographs;
+  this one prices decoding (and resizing: most are above the pixel budget) as
+  photographs cost it. The page gives its files' mean, smallest and largest
+  size.
 
 For each, side by side in one run, alternated for `--rounds`:
 
@@ -58,7 +65,8 @@ Where the pixel hash is paid: the thread that decoded the image hashes it
 Writes the raw results (`--json`, default docs/results/bench_images.json),
 the table beside it (.md) and, for the committed results, the figures between
 the `bench_images` markers of docs/results.md (QUOTED_IN). `--quick` runs in seconds (small corpora,
-one round, one epoch); the default takes about twenty minutes.
+one round, one epoch); the default took about twenty minutes for web and
+thumbnails, and photos adds to that (`--corpora` picks some).
 
     .venv/bin/python benchmarks/bench_images.py [--quick] [--json PATH]
     .venv/bin/python benchmarks/bench_images.py --render docs/results/bench_images.json
@@ -111,6 +119,7 @@ class Corpus:
     seq_len: int
     images: int  # default corpus size
     quick_images: int
+    make: str = "scene"  # the sample_images function that draws one image
 
     @property
     def settings(self) -> str:
@@ -132,6 +141,14 @@ CORPORA = {
         sizes=sample_images.SIZES,
         patch_size=8, merge=2, min_pixels=1_024, max_pixels=16_384, seq_len=256,
         images=8000, quick_images=240,
+    ),
+    "photos": Corpus(
+        what="photograph-like JPEGs of 360-1,000 pixels a side, quality 70-95",
+        sizes=sample_images.PHOTO_SIZES,
+        patch_size=14, merge=2, min_pixels=3_136, max_pixels=200_704, seq_len=1024,
+        # quick: a step holds about 125 photos (256 placeholders each at most), so
+        # 240 give the two steps the sustained window needs; 120 would give one
+        images=2000, quick_images=240, make="photo",
     ),
 }  # fmt: skip
 
@@ -172,12 +189,12 @@ format = "webdataset"
 
 
 def build_corpus(folder: Path, corpus: Corpus, images: int) -> Path:
-    """Shards of `images` captioned scenes and the recipe over them (kept if present)."""
+    """Shards of `images` captioned images and the recipe over them (kept if present)."""
     recipe = folder / "recipe.toml"
     recipe.parent.mkdir(parents=True, exist_ok=True)
     recipe.write_text(RECIPE.format(lanes=LANES, **asdict(corpus)))
     sizes = "x".join(f"{w}-{h}" for w, h in corpus.sizes)
-    marker = folder / f"DONE-{images}-{sizes}"
+    marker = folder / f"DONE-{corpus.make}-{images}-{sizes}"
     if marker.is_file():
         return recipe
     shards = folder / "shards"
@@ -185,10 +202,11 @@ def build_corpus(folder: Path, corpus: Corpus, images: int) -> Path:
     for old in [*shards.glob("*.tar"), *folder.glob("DONE-*")]:
         old.unlink()
     rng = np.random.default_rng(SEED)
+    make = getattr(sample_images, corpus.make)
     for s, first in enumerate(range(0, images, PER_SHARD)):
         n = min(PER_SHARD, images - first)
         path = shards / f"part-{s:05d}.tar"
-        sample_images.write_shard(path, rng, first, n, "img-", corpus.sizes)
+        sample_images.write_shard(path, rng, first, n, "img-", corpus.sizes, make)
     marker.write_text("")
     return recipe
 
@@ -358,6 +376,17 @@ def rate(r: dict[str, Any], key: str) -> float:
     return r[key] / r["wall_s"] if r["wall_s"] > 0 else 0.0
 
 
+def cores_busy(r: dict[str, Any]) -> float:
+    """A run's process CPU seconds (every thread of the process) per wall second."""
+    return r["cpu_s"] / r["wall_s"] if r["wall_s"] > 0 else 0.0
+
+
+def file_sizes(images: list[tuple[str, bytes]]) -> dict[str, float]:
+    """Mean, smallest and largest encoded image, in bytes."""
+    sizes = [len(d) for _, d in images]
+    return {"mean": statistics.fmean(sizes), "min": min(sizes), "max": max(sizes)}
+
+
 STEADY_FROM = 0.2  # the sustained window starts once this share of the images is delivered
 
 
@@ -390,6 +419,12 @@ def run_corpus(name: str, args: argparse.Namespace) -> dict[str, Any]:
     shards = sorted((folder / "shards").glob("*.tar"))
     spec = image_spec(recipe)
     images = read_images(shards)
+    encoded = file_sizes(images)
+    print(
+        f"corpus {name}: {len(images):,} images, {encoded['mean'] / 1e3:.1f} KB a file "
+        f"(mean; {encoded['min'] / 1e3:.1f} to {encoded['max'] / 1e3:.1f} KB)",
+        flush=True,
+    )
     budget = 512 << 20
     tight = args.tight_budget_mib << 20
     rounds: list[dict[str, Any]] = []
@@ -432,6 +467,11 @@ def run_corpus(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "ratio_rounds": [r["ratio"] for r in rounds],
         "ratio_sustained_rounds": [r["ratio_sustained"] for r in rounds],
         "digest_share_of_raw": 1 - med("raw_after", "images") / no_digest if no_digest else 0.0,
+        # process CPU (all threads) over wall: the cores each kept busy
+        "pipeline_cores_busy": med_of(cores_busy(r["pipeline"]) for r in rounds),
+        "raw_cores_busy": med_of(
+            cores_busy(r[k]) for r in rounds for k in ("raw_before", "raw_after")
+        ),
     }
     cpu_per_image = {
         "pipeline": per_image(profiled["profile"], profiled["images"]),
@@ -457,6 +497,7 @@ def run_corpus(name: str, args: argparse.Namespace) -> dict[str, Any]:
             "global_batch": GLOBAL_BATCH,
             "lanes": LANES,
             "corpus_bytes": sum(len(d) for _, d in images),
+            "encoded_bytes": encoded,
             "decoded_pixels": int(sum(int(np.prod(p)) for p in _sizes(images, spec))),
             "image_settings": corpus.settings,
         },
@@ -604,12 +645,19 @@ def page(doc: dict[str, Any]) -> str:
     ]
     for name, r in doc["corpora"].items():
         s, m, c = r["summary"], r["memory"], r["config"]
+        e = c.get("encoded_bytes")  # not in results written before the photos corpus
+        files = (
+            f"; files of {e['mean'] / 1e3:,.1f} KB on average, {e['min'] / 1e3:,.1f} to "
+            f"{e['max'] / 1e3:,.1f} KB"
+            if e
+            else ""
+        )
         lines += [
             f"## {name}: {c['what']}",
             "",
             f"{c['images']:,} images in {c['shards']} shards ({_mib(c['corpus_bytes'])} "
             f"encoded, {c['decoded_pixels'] / c['images'] / 1e3:,.0f} k pixels an image "
-            f"decoded), {c['image_settings']}.",
+            f"decoded{files}), {c['image_settings']}.",
             "",
             corpus_table(name, r),
             "- Ratios a/b by round (a'/b): "
@@ -624,6 +672,16 @@ def page(doc: dict[str, Any]) -> str:
             f"- Against one raw thread, a/b' = "
             f"{s['pipeline_images_s'] / s['raw_1_thread_images_s']:.2f}; the conventional path "
             f"(c) against the pipeline: {s['conventional_images_s'] / s['pipeline_images_s']:.2f}.",
+            *(
+                [
+                    f"- Cores kept busy (process CPU s / wall s, every thread): the pipeline "
+                    f"{s['pipeline_cores_busy']:.2f} (its child process, construction to the "
+                    f"last step), the raw loop (b) {s['raw_cores_busy']:.2f}, of "
+                    f"{doc['machine']['cpus']} CPUs."
+                ]
+                if "pipeline_cores_busy" in s
+                else []
+            ),
             "",
             cpu_table(r),
             "",

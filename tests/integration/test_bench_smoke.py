@@ -81,12 +81,12 @@ def test_bench_images_quick(tmp_path: Path) -> None:
     script = REPO / "benchmarks" / "bench_images.py"
     out = tmp_path / "images.json"
     cmd = [sys.executable, str(script), "--quick", "--work", str(tmp_path / "work")]
-    proc = subprocess.run(
-        [*cmd, "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=REPO
+    proc = subprocess.run(  # three corpora: the photos one alone is about 90 s of CPU
+        [*cmd, "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=REPO
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     doc = json.loads(out.read_text())
-    assert doc["quick"] is True and set(doc["corpora"]) == {"web", "thumbnails"}
+    assert doc["quick"] is True and set(doc["corpora"]) == {"web", "thumbnails", "photos"}
     for name, result in doc["corpora"].items():
         cfg, s, (r,) = result["config"], result["summary"], result["rounds"]
         assert cfg["rounds"] == 1 and cfg["epochs"] == 1, name
@@ -129,4 +129,12 @@ def test_bench_images_quick(tmp_path: Path) -> None:
         assert per["decode pool"] > per["header plans"], name
         for budget in result["memory"].values():
             assert 0 < budget["lookahead_peak_bytes"] and budget["rss_peak"] >= budget["rss_before"]
+        e = cfg["encoded_bytes"]
+        assert 0 < e["min"] <= e["mean"] <= e["max"], name
+        assert e["mean"] * cfg["images"] == pytest.approx(cfg["corpus_bytes"]), name
+        assert f"corpus {name}: {cfg['images']:,} images" in proc.stdout
+        assert 0 < s["pipeline_cores_busy"] and 0 < s["raw_cores_busy"], name
+    # photograph-like files are an order of magnitude larger than the scenes
+    sizes = {name: r["config"]["encoded_bytes"]["mean"] for name, r in doc["corpora"].items()}
+    assert sizes["photos"] > 5 * sizes["web"], sizes
     assert out.with_suffix(".md").read_text().startswith(f"# {doc['title']}")
