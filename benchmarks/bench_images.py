@@ -146,8 +146,8 @@ CORPORA = {
         what="photograph-like JPEGs of 360-1,000 pixels a side, quality 70-95",
         sizes=sample_images.PHOTO_SIZES,
         patch_size=14, merge=2, min_pixels=3_136, max_pixels=200_704, seq_len=1024,
-        # quick: a step holds about 125 photos (256 placeholders each at most), so
-        # 240 give the two steps the sustained window needs; 120 would give one
+        # quick: a step held 100 to 130 photos (256 placeholders each at most), so
+        # 240 give the two steps the sustained window needs; 120 could give one
         images=2000, quick_images=240, make="photo",
     ),
 }  # fmt: skip
