@@ -101,8 +101,7 @@ PIPELINE_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
 # Schedules torch has that the trainer refuses, and why (docs/parallelism.md).
 REFUSED_SCHEDULES = {
     name: "torch 2.13's zero-bubble schedules gave other gradients than 1F1B on the same "
-    "batch (the step-1 gradient norm of the debug model 1.38 instead of 1.53), so they "
-    "are not offered"
+    "batch, so they are not offered (docs/parallelism.md)"
     for name in ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 }
 
