@@ -80,13 +80,15 @@ def test_bench_throughput_quick(tmp_path: Path) -> None:
 def test_bench_images_quick(tmp_path: Path) -> None:
     script = REPO / "benchmarks" / "bench_images.py"
     out = tmp_path / "images.json"
-    cmd = [sys.executable, str(script), "--quick", "--work", str(tmp_path / "work")]
-    proc = subprocess.run(  # three corpora: the photos one alone is about 90 s of CPU
+    # The photos corpus is left to the benchmark itself: about 90 s of CPU more here.
+    cmd = [sys.executable, str(script), "--quick", "--work", str(tmp_path / "work"),
+           "--corpora", "web,thumbnails"]  # fmt: skip
+    proc = subprocess.run(
         [*cmd, "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=REPO
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     doc = json.loads(out.read_text())
-    assert doc["quick"] is True and set(doc["corpora"]) == {"web", "thumbnails", "photos"}
+    assert doc["quick"] is True and set(doc["corpora"]) == {"web", "thumbnails"}
     for name, result in doc["corpora"].items():
         cfg, s, (r,) = result["config"], result["summary"], result["rounds"]
         assert cfg["rounds"] == 1 and cfg["epochs"] == 1, name
@@ -134,7 +136,4 @@ def test_bench_images_quick(tmp_path: Path) -> None:
         assert e["mean"] * cfg["images"] == pytest.approx(cfg["corpus_bytes"]), name
         assert f"corpus {name}: {cfg['images']:,} images" in proc.stdout
         assert 0 < s["pipeline_cores_busy"] and 0 < s["raw_cores_busy"], name
-    # photograph-like files are an order of magnitude larger than the scenes
-    sizes = {name: r["config"]["encoded_bytes"]["mean"] for name, r in doc["corpora"].items()}
-    assert sizes["photos"] > 5 * sizes["web"], sizes
     assert out.with_suffix(".md").read_text().startswith(f"# {doc['title']}")
