@@ -235,6 +235,39 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def decode_pids() -> list[int]:
+    """This process's live image decode processes (zephon/images/decode_processes.py)."""
+    pids = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/children") as f:
+            pids += [int(p) for p in f.read().split()]
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"zephon.images.decode_processes" in f.read():
+                    out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+def children_usage() -> tuple[float, int]:
+    """(CPU seconds, summed peak RSS bytes) of the decode processes."""
+    cpu, peak = 0.0, 0
+    for pid in decode_pids():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            cpu += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            with open(f"/proc/{pid}/status") as f:
+                hwm = next(line for line in f if line.startswith("VmHWM:"))
+            peak += int(hwm.split()[1]) * 1024
+        except (OSError, StopIteration):  # ended meanwhile
+            continue
+    return cpu, peak
+
+
 # -- (a) the pipeline, in a child process ---------------------------------------
 
 
@@ -266,13 +299,17 @@ def pipeline_child(
             step_s.append(time.perf_counter() - t0)
             step_images.append(images)
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        # the decode processes (2 workers or more) work for this loader only here
+        decode_cpu, decode_peak = children_usage()
         stats = loader.stats()
         work = stats["work"]
     finally:
         loader.close()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {
-        "images": images, "tokens": tokens, "steps": steps, "wall_s": wall, "cpu_s": cpu,
+        "images": images, "tokens": tokens, "steps": steps, "wall_s": wall,
+        "cpu_s": cpu + decode_cpu, "decode_processes_cpu_s": decode_cpu,
+        "decode_processes_rss_peak": decode_peak,
         "first_batch_s": step_s[0], "step_s": step_s, "step_images": step_images,
         "rss_before": before, "rss_peak": peak,
         "rss_growth": peak - before, "images_decoded": work.get("images_decoded", 0),

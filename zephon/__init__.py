@@ -20,21 +20,49 @@ one package each (docs/architecture.md):
 - state/:    the checkpoint state, the flush log, restore, boundaries;
 - images/:   image-text documents; images/pixels/ is the pixel definition;
 - tools/:    the `zephon` command line.
+
+The names are imported on first use (PEP 562), so that importing one stage
+(an image decode process imports only zephon.images) does not load the
+loader and its sources.
 """
 
-from zephon.batch import IGNORE_INDEX, Batch, rows_to_batch
-from zephon.digest import global_batch_digest, rows_digest
-from zephon.errors import DataError, LayoutError, RecipeError, StateError, ZephonError
-from zephon.files import atomic_write
-from zephon.loader import ZephonLoader
-from zephon.recipe.layout import Layout, lanes_of_rank, resolve_layout
-from zephon.recipe.phases import Phase, PhaseTimeline, resolve_phases
-from zephon.recipe.spec import Recipe, SourceSpec, load_recipe
-from zephon.state.checkpoint_state import boundary_of, merge_rank_states
-from zephon.tokenize.tokenizer import TokenizerInfo, load_tokenizer, tokenizer_file
-from zephon.tools.mixture_report import MixtureRow
+from __future__ import annotations
 
-__all__ = [
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Each public name and the module that defines it.
+_HOME = {
+    "Batch": "zephon.batch",
+    "IGNORE_INDEX": "zephon.batch",
+    "rows_to_batch": "zephon.batch",
+    "global_batch_digest": "zephon.digest",
+    "rows_digest": "zephon.digest",
+    "DataError": "zephon.errors",
+    "LayoutError": "zephon.errors",
+    "RecipeError": "zephon.errors",
+    "StateError": "zephon.errors",
+    "ZephonError": "zephon.errors",
+    "atomic_write": "zephon.files",
+    "ZephonLoader": "zephon.loader",
+    "Layout": "zephon.recipe.layout",
+    "lanes_of_rank": "zephon.recipe.layout",
+    "resolve_layout": "zephon.recipe.layout",
+    "Phase": "zephon.recipe.phases",
+    "PhaseTimeline": "zephon.recipe.phases",
+    "resolve_phases": "zephon.recipe.phases",
+    "Recipe": "zephon.recipe.spec",
+    "SourceSpec": "zephon.recipe.spec",
+    "load_recipe": "zephon.recipe.spec",
+    "boundary_of": "zephon.state.checkpoint_state",
+    "merge_rank_states": "zephon.state.checkpoint_state",
+    "TokenizerInfo": "zephon.tokenize.tokenizer",
+    "load_tokenizer": "zephon.tokenize.tokenizer",
+    "tokenizer_file": "zephon.tokenize.tokenizer",
+    "MixtureRow": "zephon.tools.mixture_report",
+}
+
+__all__ = [  # the names of _HOME
     "Batch",
     "DataError",
     "IGNORE_INDEX",
@@ -63,3 +91,30 @@ __all__ = [
     "rows_to_batch",
     "tokenizer_file",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'zephon' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))
+
+
+if TYPE_CHECKING:  # what type checkers and editors see
+    from zephon.batch import IGNORE_INDEX, Batch, rows_to_batch
+    from zephon.digest import global_batch_digest, rows_digest
+    from zephon.errors import DataError, LayoutError, RecipeError, StateError, ZephonError
+    from zephon.files import atomic_write
+    from zephon.loader import ZephonLoader
+    from zephon.recipe.layout import Layout, lanes_of_rank, resolve_layout
+    from zephon.recipe.phases import Phase, PhaseTimeline, resolve_phases
+    from zephon.recipe.spec import Recipe, SourceSpec, load_recipe
+    from zephon.state.checkpoint_state import boundary_of, merge_rank_states
+    from zephon.tokenize.tokenizer import TokenizerInfo, load_tokenizer, tokenizer_file
+    from zephon.tools.mixture_report import MixtureRow

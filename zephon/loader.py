@@ -114,10 +114,11 @@ class ZephonLoader:
         readers, shuffles = open_sources(self.recipe, cache_dir or ex.cache_dir or None)
         if block_prefetch is not None:
             warnings.warn(BLOCK_PREFETCH, DeprecationWarning, stacklevel=2)
-        # Lookahead: one budget in tokens for the rank; default two steps of its
-        # rows, of the phase with the most. Image bytes have their own (planner.py).
+        # Lookahead in tokens per rank: two steps of the largest phase's rows, four
+        # with images (decode processes idled at two). Bytes: planner.py.
         budget = lookahead_tokens if lookahead_tokens is not None else ex.lookahead_tokens
-        self.lookahead_tokens = budget or 2 * self.rank.step_tokens()
+        steps_ahead = 4 if any(s.multimodal for s in self.recipe.sources) else 2
+        self.lookahead_tokens = budget or steps_ahead * self.rank.step_tokens()
         budget = lookahead_bytes if lookahead_bytes is not None else ex.lookahead_bytes
         self.lookahead_bytes = budget or DEFAULT_LOOKAHEAD_BYTES
         first = self.timeline.segments[0]

@@ -90,6 +90,24 @@ class ThreadClock:
             self.wait_end(begun)
 
 
+class ProcessClock:
+    """CPU spent for the pipeline by another process (image decode processes),
+    added as its tasks report it; listed among the threads under its name."""
+
+    __slots__ = ("name", "stage", "since", "cpu", "wait_ns", "native_id", "switches", "_lock")
+
+    def __init__(self, name: str):
+        self.name, self.stage, self.since = name, OUTSIDE, 0
+        self.native_id = None  # no thread of this process: nothing open to read
+        self.cpu = [0] * (len(STAGES) + 1)
+        self.wait_ns = self.switches = 0
+        self._lock = threading.Lock()
+
+    def add(self, stage: int, ns: int) -> None:
+        with self._lock:
+            self.cpu[stage] += ns
+
+
 class NullClock:
     """The clock of a thread nobody profiles: every call does nothing."""
 
@@ -136,7 +154,7 @@ class StageProfile:
 
     def __init__(self) -> None:
         global _active
-        self.clocks: list[ThreadClock] = []
+        self.clocks: list[ThreadClock | ProcessClock] = []
         self._lock = threading.Lock()
         self._python_tids = {t.native_id for t in threading.enumerate() if t.native_id}
         self._native_start = self._native_cpu()
@@ -159,6 +177,13 @@ class StageProfile:
             self.clocks.append(clock)
             self._python_tids.add(clock.native_id)
         _local.clock = clock
+        return clock
+
+    def external(self, name: str) -> ProcessClock:
+        """A clock that other processes' CPU is added to (`ProcessClock.add`)."""
+        clock = ProcessClock(name)
+        with self._lock:
+            self.clocks.append(clock)
         return clock
 
     def here(self, name: str) -> ThreadClock:
@@ -216,8 +241,11 @@ class StageProfile:
         }
 
 
-def _open_interval(c: ThreadClock) -> int:
-    """CPU a thread spent since its last switch (0 when its clock cannot be read)."""
+def _open_interval(c: ThreadClock | ProcessClock) -> int:
+    """CPU a thread spent since its last switch (0 when its clock cannot be read;
+    a ProcessClock has nothing open)."""
+    if isinstance(c, ProcessClock):
+        return 0
     try:
         ident = next(t.ident for t in threading.enumerate() if t.native_id == c.native_id)
         if c.stage == OUTSIDE:

@@ -49,12 +49,14 @@ def test_bench_throughput_quick(tmp_path: Path) -> None:
     out = tmp_path / "throughput"
     script = REPO / "benchmarks" / "bench_throughput.py"
     cmd = [sys.executable, str(script), "--quick", "--lanes", "1", "8"]
-    cmd += ["--corpora", "sample", "long", "web", "mix"]
+    # two corpora of the four: a plain one and a mixture (the others, long documents
+    # and web text, run the same code; the benchmark itself runs all four)
+    cmd += ["--corpora", "sample", "mix"]
     cmd += ["--work", str(tmp_path / "work"), "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     doc = json.loads(out.with_suffix(".json").read_text())
-    corpora = ("long", "mix", "sample", "web")
+    corpora = ("mix", "sample")
     assert sorted(doc["results"]) == [f"{c}/{n}" for c in corpora for n in (1, 8)]
     for key, r in doc["results"].items():
         assert r["raw_tokens"] > 0 and r["ratio"] > 0 and len(r["ratios"]) == 1
@@ -80,15 +82,16 @@ def test_bench_throughput_quick(tmp_path: Path) -> None:
 def test_bench_images_quick(tmp_path: Path) -> None:
     script = REPO / "benchmarks" / "bench_images.py"
     out = tmp_path / "images.json"
-    # The photos corpus is left to the benchmark itself: about 90 s of CPU more here.
+    # Thumbnails only: the web and photos corpora run the same code on larger images
+    # (about 30 and 90 s of CPU more here); the benchmark itself runs all three.
     cmd = [sys.executable, str(script), "--quick", "--work", str(tmp_path / "work"),
-           "--corpora", "web,thumbnails"]  # fmt: skip
+           "--corpora", "thumbnails"]  # fmt: skip
     proc = subprocess.run(
         [*cmd, "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=REPO
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     doc = json.loads(out.read_text())
-    assert doc["quick"] is True and set(doc["corpora"]) == {"web", "thumbnails"}
+    assert doc["quick"] is True and set(doc["corpora"]) == {"thumbnails"}
     for name, result in doc["corpora"].items():
         cfg, s, (r,) = result["config"], result["summary"], result["rounds"]
         assert cfg["rounds"] == 1 and cfg["epochs"] == 1, name
@@ -99,10 +102,10 @@ def test_bench_images_quick(tmp_path: Path) -> None:
             assert r[kind]["images"] == cfg["images"], (name, kind)
         a = r["pipeline"]
         assert 0 <= a["images"] - cfg["images"] < a["images"] / a["steps"] + 1, name
-        # and decoded no more than those plus the lookahead (two steps of tokens,
-        # two batches prefetched, a call in flight)
+        # and decoded no more than those plus the lookahead (four steps of tokens
+        # with images, two batches prefetched, a call in flight)
         per_step = a["images"] / a["steps"]
-        assert a["images"] <= a["images_decoded"] <= a["images"] + 6 * per_step, name
+        assert a["images"] <= a["images_decoded"] <= a["images"] + 8 * per_step, name
         assert a["steps"] * cfg["global_batch"] * (cfg["seq_len"] + 1) >= a["tokens"] > 0
         # The step marks are the run's own: one a step, in order, ending at its count
         # (the quick corpora give two steps at least: a window after the first).

@@ -81,3 +81,24 @@ def test_the_rule_sees_an_internal_import(tmp_path):
     assert zephon_internal_imports(tmp_path / "torchtitan") == {
         "torchtitan/glue.py": ["zephon.state.checkpoint_state"]
     }
+
+
+def test_every_public_name_of_zephon_resolves_and_an_image_decode_process_imports_no_loader():
+    """The public face is lazy (PEP 562): every exported name resolves to its module's
+    object, and importing the image stage alone (what a decode process does) does
+    not load the loader, its sources or the tokenizer."""
+    import subprocess
+    import sys
+
+    import zephon
+
+    assert sorted(zephon.__all__) == sorted(zephon._HOME)
+    for name in zephon.__all__:
+        assert getattr(zephon, name) is not None
+    code = (
+        "import sys, zephon.images.decode_processes; "
+        "print(sorted(m for m in sys.modules if m in "
+        "('zephon.loader', 'zephon.sources', 'tokenizers', 'torch')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -68,7 +68,7 @@ class BatchImages:
         if not self.images:
             return
         batch.images = ImageBatch.from_numpy(
-            np.concatenate([im.patches for im in self.images]),
+            [im.patches for im in self.images],  # views: no pixel is copied here
             np.array([im.grid for im in self.images], dtype=np.int64),
             np.array(self.rows, dtype=np.int64),
             np.array(self.starts, dtype=np.int64),

@@ -78,15 +78,21 @@ def size_image(data: bytes, name: str, spec: ImageSpec, keep_open: bool = False)
 
 
 def prepare_image(
-    data: bytes, name: str, spec: ImageSpec, sizing: ImageSizing | None = None
+    data: bytes,
+    name: str,
+    spec: ImageSpec,
+    sizing: ImageSizing | None = None,
+    out: np.ndarray | None = None,
 ) -> ImagePatches:
     """Decode, resize and cut `data` into patches, by the pixel definition. `sizing`:
     its `size_image(data, name, spec, keep_open=True)`, whose opened image is used
-    instead of opening `data` again (the pixels are the same)."""
+    instead of opening `data` again (the pixels are the same). `out`: a uint8
+    buffer of the sizing's `patch_bytes` that the patches are written into
+    (shared memory a decode process fills, images/decode_processes.py)."""
     opened = sizing.take_opened() if sizing is not None else None
     image = decode_image(data, name, spec, opened)  # its size is the header's displayed size
     pixels = np.asarray(resize(image, target_size(*image.size, spec)))
-    patches, grid = to_patches(pixels, spec.patch_size, spec.merge)
+    patches, grid = to_patches(pixels, spec.patch_size, spec.merge, out)
     return ImagePatches(
         name=name, patches=patches, grid=grid, num_tokens=placeholder_count(grid, spec.merge)
     )

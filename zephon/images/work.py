@@ -9,16 +9,18 @@ lane, in two stateless steps (docs/design.md §14):
   bytes it will hold (`SizedDoc.cost`);
 - when tokenized (`ImageWork.encode`): text segments through the tokenizer
   (one call for all of a call's documents), images decoded, resized and cut
-  into patches (zephon/images/prepare.py), each hashed by the thread that
-  decoded it, and the document framed as one id array (images/documents.py).
-  With two or more workers the call's documents are decoded by a pool of
-  that many threads (Pillow's decoders and resampling release the GIL),
-  started when the call is planned (`start`: its bytes are reserved then),
-  up to 8 of its documents per task decoded one after another (and each
+  into patches (zephon/images/prepare.py), each hashed by whoever decoded
+  it, and the document framed as one id array (images/documents.py).
+  With two or more workers the call's documents are decoded by that many
+  decode processes (images/decode_processes.py), which write the patches
+  into shared memory (images/shared_patches.py): started when the call is
+  planned (`start`: its bytes, and the patches' slots, are taken then), up
+  to 8 of its documents per task decoded one after another (and each
   document's images one after another), so no more documents decode at once
-  than the pool has threads, which is what the byte budget reserves decode
+  than there are processes, which is what the byte budget reserves decode
   peaks for (images/budget.py); results are taken in the call's order, so no
-  byte depends on the thread count.
+  byte depends on the process count. With fewer workers the calling thread
+  decodes, into memory of its own.
 
 A bad image (not an image, truncated or corrupt, zero bytes, more pixels than
 `max_decoded_pixels`) makes its whole document bad: under `bad_records =
@@ -31,19 +33,21 @@ images (zephon/tokenize/long_pieces.py).
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from zephon.errors import ImageError
+from zephon.images.decode_processes import DocResult, Task, TaskResult, decode_processes
 from zephon.images.documents import DocImage, ImageDoc, ImageDocIds, bad_document, image_digest
 from zephon.images.prepare import ImagePatches, ImageSizing, prepare_image, size_image
+from zephon.images.shared_patches import PatchArena, Slot
 from zephon.images.tokens import ImageTokenIds, image_token_ids
 from zephon.recipe.spec import ImageSpec
 from zephon.sources.bad_records import DroppingReader
-from zephon.sources.multimodal import MultimodalDoc, TextSegment
+from zephon.sources.multimodal import ImageSegment, MultimodalDoc, TextSegment
 from zephon.stage_profile import IMAGE, NULL_CLOCK, StageProfile
 from zephon.tokenize.long_pieces import encode_documents
 from zephon.tokenize.tokenizer import TokenizerInfo, encode_raw
@@ -80,8 +84,8 @@ MAX_DOCS_PER_TASK = 8  # documents a pool task decodes, one after another
 class ImageWork:
     """Reads' and tokenizer calls' work on image documents, for one recipe and tokenizer.
 
-    decoders: threads that decode a call's documents (the loader's workers); 0 or 1
-    decode on the calling thread. profile: where decoding threads charge their CPU."""
+    decoders: decode processes (the loader's workers); 0 or 1 decode on the
+    calling thread. profile: where decoding charges its CPU."""
 
     def __init__(
         self,
@@ -93,51 +97,89 @@ class ImageWork:
         self.spec, self.tok, self.profile = spec, tok, profile
         self.ids: ImageTokenIds = image_token_ids(spec, tok.tokenizer.token_to_id, tok.vocab_size)
         self._head = [tok.bos_id] if tok.add_bos else []
-        self._pool = ThreadPoolExecutor(decoders, "zephon-decode") if decoders > 1 else None
         self._decoders = decoders
-        # by id of the doc: (doc, its task, its place in the task's documents)
-        self._started: dict[int, tuple[SizedDoc, Future[list[Decoded]], int]] = {}
+        self._pool = decode_processes(decoders) if decoders > 1 else None
+        self.arena = PatchArena() if self._pool is not None else None
+        self._clock = (
+            profile.external("zephon-decode-processes") if profile and self._pool else None
+        )
+        # by id of the doc: (doc, its task, its place in the task's documents, its slots)
+        self._started: dict[int, tuple[SizedDoc, Future[TaskResult], int, list[Slot]]] = {}
 
     def start(self, values: list[Any]) -> None:
-        """Start decoding a planned call's documents in the pool now: their bytes
-        are reserved from the moment the call is planned, and the pool then never
-        idles while the call before this one finishes its slowest document."""
+        """Start decoding a planned call's documents in the decode processes now:
+        their bytes are reserved from the moment the call is planned, and the
+        processes then never idle while the call before this one finishes its
+        slowest document."""
         if self._pool is None:
             return
         todo = [v for v in values if _decodable(v)]
         # A few documents per task, one after another: a task per small document
-        # cost more Python (futures, queue, wake-ups) than decoding it.
+        # costs more Python (pickles, pipes, wake-ups) than decoding it.
         per_task = max(1, min(MAX_DOCS_PER_TASK, len(todo) // (2 * self._decoders)))
         for at in range(0, len(todo), per_task):
-            chunk = todo[at : at + per_task]
-            future = self._pool.submit(self._decode_all, chunk)
-            for k, v in enumerate(chunk):
-                self._started[id(v)] = (v, future, k)
+            self._submit(todo[at : at + per_task])
+
+    def _submit(self, chunk: list[SizedDoc]) -> None:
+        assert self._pool is not None and self.arena is not None
+        slots = [[self.arena.take(s.patch_bytes) for s in v.sizings] for v in chunk]
+        docs = [
+            [(seg.data, seg.name, slot) for seg, slot in zip(_images_of(v), mine, strict=True)]
+            for v, mine in zip(chunk, slots, strict=True)
+        ]
+        future = self._pool.submit(Task(self.spec, docs, self.arena.segment_names()))
+        if self._clock is not None:
+            future.add_done_callback(self._charge)
+        for k, v in enumerate(chunk):
+            self._started[id(v)] = (v, future, k, slots[k])
+
+    def _charge(self, future: Future[TaskResult]) -> None:
+        if self._clock is not None and not future.cancelled() and future.exception() is None:
+            self._clock.add(IMAGE, future.result()[1])
 
     def forget(self, values: list[Any]) -> None:
         """Drop the decodes started for a call that will not run (a reset): their
-        tasks are cancelled unless already running. A call's documents share no
-        task with another call's (`start` is per call)."""
+        tasks are cancelled unless already running, and their slots freed. A
+        call's documents share no task with another call's (`start` is per call)."""
         for v in values:
             started = self._started.pop(id(v), None)
             if started is not None and started[0] is v:
-                started[1].cancel()
+                _, future, _, slots = started
+                future.cancel()
+                future.add_done_callback(lambda _f, slots=slots: self._give(slots))
+
+    def _give(self, slots: list[Slot]) -> None:
+        assert self.arena is not None
+        for slot in slots:
+            self.arena.give(slot)
 
     def _take_started(self, v: SizedDoc) -> Decoded:
-        assert self._pool is not None
         started = self._started.pop(id(v), None)
-        if started is not None and started[0] is v:
-            return started[1].result()[started[2]]
-        return self._pool.submit(self._decode, v).result()
+        if started is None or started[0] is not v:
+            self._submit([v])
+            started = self._started.pop(id(v))
+        _, future, k, slots = started
+        return self._claim(v, future.result()[0][k], slots)
 
-    def _decode_all(self, docs: list[SizedDoc]) -> list[Decoded]:
-        return [self._decode(v) for v in docs]
+    def _claim(self, v: SizedDoc, result: DocResult, slots: list[Slot]) -> Decoded:
+        """A decode process's result for a document, its patches as views of their
+        slots (freed with the views), or its error (every slot freed now)."""
+        assert self.arena is not None
+        if isinstance(result, ImageError):
+            self._give(slots)
+            return result
+        width = self.spec.patch_size * self.spec.patch_size * 3
+        out = []
+        for (grid, num_tokens, digest), slot, seg in zip(result, slots, _images_of(v), strict=True):
+            patches = self.arena.view(slot).reshape(-1, width)
+            out.append((ImagePatches(seg.name, patches, tuple(grid), num_tokens), digest))
+        return out
 
     def close(self) -> None:
-        self._started.clear()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        for v, *_ in list(self._started.values()):
+            self.forget([v])
+        if self.arena is not None:
+            self.arena.close()  # the shared decode processes stay for the next loader
 
     def size(self, value: Any) -> SizedDoc:
         """The read-time sizing of a value of a source with images (header reads only)."""
@@ -150,8 +192,10 @@ class ImageWork:
                 chars += len(seg.text)
             elif error is None:
                 try:
-                    # kept open for the decode (prepare.py): a header is parsed once
-                    sizings.append(size_image(seg.data, seg.name, self.spec, keep_open=True))
+                    # kept open for a decode on this thread (prepare.py): a header is
+                    # parsed once; a decode process opens the bytes itself
+                    keep = self._pool is None
+                    sizings.append(size_image(seg.data, seg.name, self.spec, keep_open=keep))
                 except ImageError as exc:
                     error = exc
         return SizedDoc(
@@ -195,11 +239,10 @@ class ImageWork:
         return out
 
     def _decode(self, sized: SizedDoc) -> Decoded:
-        """A document's images, one after another: patches and hash, or the first error."""
+        """A document's images on this thread, one after another: patches and hash,
+        or the first error."""
         doc = sized.value
         assert isinstance(doc, MultimodalDoc)
-        # A pool thread gets a clock of its own on first use; the calling thread's
-        # is already in the image stage.
         clock = self.profile.here("zephon-decode") if self.profile is not None else NULL_CLOCK
         left = clock.switch(IMAGE)
         out = []
@@ -274,6 +317,11 @@ def bad_images(value: Any, spec: ImageSpec) -> list[str]:
         except ImageError as exc:
             out.append(str(exc))
     return out
+
+
+def _images_of(v: SizedDoc) -> list[ImageSegment]:
+    assert isinstance(v.value, MultimodalDoc)
+    return [s for s in v.value.segments if not isinstance(s, TextSegment)]
 
 
 def _decodable(v: Any) -> bool:

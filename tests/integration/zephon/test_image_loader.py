@@ -152,52 +152,62 @@ def test_digests_equal_across_ranks_workers_lookahead_and_resume(tmp_path, algor
     assert all(a != b for a, b in zip(other, ref, strict=True))
 
 
-def test_workers_decode_images_in_a_pool_and_close_it(tmp_path, monkeypatch):
-    """With 2 workers a call's documents are decoded by a pool of 2 threads, each
-    document once, starting when the call is planned (not when the tokenizer
-    thread reaches it); the pool ends with the loader. The bytes are the inline
-    loader's (test above)."""
-    import threading
+def test_workers_decode_images_in_processes_and_free_their_memory(tmp_path, monkeypatch):
+    """With 2 workers a call's documents go to the decode processes once each, when
+    the call is planned (not when the tokenizer thread reaches it); no image is
+    decoded on a loader thread; the shared memory they wrote into is unlinked
+    when the loader closes. The bytes are the inline loader's (test above)."""
+    import os
     from collections import Counter
 
-    seen: Counter[str] = Counter()
-    real = work.prepare_image
-    count = Counter()
-    real_start, real_decode = work.ImageWork.start, work.ImageWork._decode
+    from zephon.images.shared_patches import SHM_DIR
+
+    count: Counter[str] = Counter()
+    submitted: list[Any] = []  # kept alive, so that ids are not reused
+    real_start, real_submit = work.ImageWork.start, work.ImageWork._submit
+    real_claim, real_prepare = work.ImageWork._claim, work.prepare_image
 
     def start(self: Any, values: list[Any]) -> None:
         count["started"] += sum(map(work._decodable, values))
         real_start(self, values)
 
-    def decode(self: Any, planned: Any) -> Any:
-        count["decoded"] += 1
-        return real_decode(self, planned)
+    def submit(self: Any, chunk: list[Any]) -> None:
+        submitted.extend(chunk)
+        real_submit(self, chunk)
+
+    def claim(self: Any, v: Any, result: Any, slots: Any) -> Any:
+        count["claimed"] += 1
+        return real_claim(self, v, result, slots)
+
+    def prepare(*args: Any, **kwargs: Any) -> Any:
+        count["decoded here"] += 1
+        return real_prepare(*args, **kwargs)
 
     monkeypatch.setattr(work.ImageWork, "start", start)
-    monkeypatch.setattr(work.ImageWork, "_decode", decode)
-
-    def recording(data: bytes, name: str, spec: Any, plan: Any = None) -> Any:
-        thread = threading.current_thread().name.rsplit("_", 1)[0]
-        seen[thread] += 1
-        return real(data, name, spec, plan)
-
-    monkeypatch.setattr(work, "prepare_image", recording)
+    monkeypatch.setattr(work.ImageWork, "_submit", submit)
+    monkeypatch.setattr(work.ImageWork, "_claim", claim)
+    monkeypatch.setattr(work, "prepare_image", prepare)
     path = recipe(tmp_path, body=sources(0.5, 0.5, 0.0))
     (loader,) = ranks(path, 1, num_workers=2, prefetch=2)
     for _ in range(20):
         loader.next_batch()
+    segments = loader.ctx.images.arena.segment_names()
+    assert segments and all(os.path.exists(f"{SHM_DIR}/{n}") for n in segments)
     loader.close()
-    assert set(seen) == {"zephon-decode"}, seen
-    # every decode was started with its call; none was done twice (calls still
-    # queued at close may not have run)
-    assert 0 < count["decoded"] <= count["started"], count
-    assert not [t for t in threading.enumerate() if t.name.startswith("zephon-decode")]
+    assert count["decoded here"] == 0, count
+    # every decode was sent with its call, none twice (calls still queued at close
+    # may not have been taken)
+    assert 0 < count["claimed"] <= count["started"] == len(submitted), count
+    assert len({id(v) for v in submitted}) == len(submitted)
+    assert not [n for n in segments if os.path.exists(f"{SHM_DIR}/{n}")]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, 1])
 def test_each_image_header_is_parsed_once(tmp_path, monkeypatch, workers):
-    """The decode uses the opened image its read-time plan kept: Pillow opens each
-    image once, not once for the header and again to decode it."""
+    """A decode on a loader thread (fewer than 2 workers) uses the opened image its
+    read-time plan kept: Pillow opens each image once, not once for the header and
+    again to decode it. (A decode process opens the bytes it was sent: an opened
+    image cannot cross to it.)"""
     import sys
     from collections import Counter
 
@@ -229,7 +239,7 @@ def test_each_image_header_is_parsed_once(tmp_path, monkeypatch, workers):
     monkeypatch.setattr(work, "size_image", planning)
     monkeypatch.setattr(work, "prepare_image", preparing)
     path = recipe(tmp_path, body=sources(0.5, 0.5, 0.0))
-    (loader,) = ranks(path, 1, num_workers=workers, prefetch=2 if workers else 0)
+    (loader,) = ranks(path, 1, num_workers=workers, prefetch=workers * 2)
     for _ in range(8):
         loader.next_batch()
     loader.close()

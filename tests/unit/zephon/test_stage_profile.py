@@ -156,9 +156,9 @@ def test_image_decoding_is_charged_to_image_and_text_never_enters_it(
     monkeypatch.setattr(work, "prepare_image", cpu.wrap("image", work.prepare_image))
     monkeypatch.setattr(work, "size_image", cpu.wrap("header", work.size_image))
     runs = {}
-    for on in (False, True):
+    for on in (False, True):  # one worker: it decodes on its own thread
         cpu.calls.clear()
-        with ZephonLoader(path, tokenizer_path, 96, 8, num_workers=2, profile=on) as ld:
+        with ZephonLoader(path, tokenizer_path, 96, 8, num_workers=1, profile=on) as ld:
             runs[on] = step_digests([ld], 4)
     snap = ld.profile.snapshot()
     assert cpu.calls["image"] > 0 and cpu.calls["header"] >= cpu.calls["image"]
@@ -166,6 +166,15 @@ def test_image_decoding_is_charged_to_image_and_text_never_enters_it(
     assert snap["cpu_ns"]["image"] == images
     assert snap["cpu_ns"]["read"] == 0  # nothing charged to reading here
     assert runs[True] == runs[False]
+
+    # Two workers: decode processes, whose CPU their tasks report; no decode here.
+    cpu.calls.clear()
+    with ZephonLoader(path, tokenizer_path, 96, 8, num_workers=2, profile=True) as ld:
+        assert step_digests([ld], 4) == runs[False]
+    snap = ld.profile.snapshot()
+    assert cpu.calls["image"] == 0 and cpu.calls["header"] > 0
+    assert snap["threads"]["zephon-decode-processes"]["image"] > 0
+    assert set(snap["threads"]["zephon-decode-processes"]) == {"image"}
 
     with ZephonLoader(make_recipe(workers=2), tokenizer_path, 64, 16, profile=True) as ld:
         step_digests([ld], 4)

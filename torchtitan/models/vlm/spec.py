@@ -1,7 +1,7 @@
 """The vision-language entry of the model registry (`[model] name = "vlm"`).
 
 - Inputs: tokens, positions and the micro-batch's images (`Batch.images`,
-  patches moved to the device; grids, rows and starts stay where they are: the
+  patches joined into one tensor on the device, each image copied once; grids, rows and starts stay where they are: the
   model reads them on the host to lay out the patches and placeholders).
 - FLOPs per token: the decoder's, as Llama counts them (its vocabulary with the
   image tokens). The vision tower is not counted: its cost is per image token,
@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 from torchtitan.components.hf_folder import HFCheckpointError
-from torchtitan.distributed.device_io import to_device
 from torchtitan.models.llama3.flops import flops_per_token
 from torchtitan.models.llama3.parallelize import check_parallelism
 from torchtitan.models.spec import ModelSpec, text_inputs
@@ -34,7 +33,7 @@ def vlm_inputs(mb: Any, device: torch.device) -> dict[str, Any]:
     """`text_inputs` and `images`: the micro-batch's ImageBatch (None: text only)."""
     images = mb.images
     if images is not None:
-        images = dataclasses.replace(images, patches=to_device(images.patches, device))
+        images = dataclasses.replace(images, parts=(images.patches_on(device),))
     return {**text_inputs(mb, device), "images": images}
 
 

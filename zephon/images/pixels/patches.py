@@ -29,10 +29,12 @@ def _check(grid: tuple[int, int], merge: int) -> tuple[int, int]:
 
 
 def to_patches(
-    pixels: np.ndarray, patch_size: int, merge: int
+    pixels: np.ndarray, patch_size: int, merge: int, out: np.ndarray | None = None
 ) -> tuple[np.ndarray, tuple[int, int]]:
     """(patches [num_patches, 3 * p * p] uint8, grid (h_patches, w_patches)) of an
-    RGB uint8 array [H, W, 3]."""
+    RGB uint8 array [H, W, 3]. `out`: a contiguous uint8 buffer of exactly the
+    patches' bytes to write them into (the memory a batch hands the model)
+    instead of a new array; the patches returned are then a view of it."""
     if pixels.dtype != np.uint8 or pixels.ndim != 3 or pixels.shape[2] != 3:
         raise ValueError(
             f"expected an RGB uint8 array [H, W, 3], got {pixels.dtype} {pixels.shape}"
@@ -46,7 +48,17 @@ def to_patches(
     # axes: window row, patch row in window, pixel row, window col, patch col, pixel col, channel
     x = pixels.reshape(wh, m, p, ww, m, p, 3)
     x = x.transpose(0, 3, 1, 4, 6, 2, 5)  # window row, window col, patch row, patch col, c, y, x
-    return np.ascontiguousarray(x).reshape(grid[0] * grid[1], 3 * p * p), grid
+    shape = (grid[0] * grid[1], 3 * p * p)
+    if out is None:
+        return np.ascontiguousarray(x).reshape(shape), grid
+    if out.dtype != np.uint8 or out.size != shape[0] * shape[1] or not out.flags.c_contiguous:
+        raise ValueError(
+            f"out must be a contiguous uint8 buffer of {shape[0] * shape[1]} bytes "
+            f"(patches {shape}), got {out.dtype} {out.shape}"
+        )
+    patches = out.reshape(shape)
+    np.copyto(patches.reshape(x.shape), x)  # one pass, straight into place
+    return patches, grid
 
 
 def from_patches(

@@ -1,0 +1,123 @@
+"""Decode processes (zephon/images/decode_processes.py): the same pixels as a decode on
+the loader's own thread, written straight into the memory the batch hands the model."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers.loader import step_digests
+from helpers.train import ensure_sample_data
+
+from zephon import ZephonLoader
+from zephon.errors import ImageError
+from zephon.images import image_digest, prepare_image, size_image
+from zephon.images.decode_processes import DecodeProcesses, Task, decode_processes
+from zephon.images.pixels.canary import CANARY_DIR, CANARY_FILES
+from zephon.images.shared_patches import PatchArena
+from zephon.recipe.spec import ImageSpec
+
+REPO = Path(__file__).resolve().parents[3]
+SAMPLE = REPO / "data" / "sample"
+SPEC = ImageSpec(patch_size=14, merge=2, min_pixels=3136, max_pixels=200_704)
+
+
+def _decode(pool: DecodeProcesses, arena: PatchArena, docs: list[list[tuple[bytes, str]]]):
+    slots = [
+        [arena.take(size_image(d, n, SPEC).patch_bytes if d[:2] != b"no" else 64) for d, n in doc]
+        for doc in docs
+    ]
+    task = Task(SPEC, [[(d, n, s) for (d, n), s in zip(doc, ss, strict=True)]
+                       for doc, ss in zip(docs, slots, strict=True)], arena.segment_names())  # fmt: skip
+    results, cpu_ns = pool.submit(task).result(timeout=60)
+    return results, slots, cpu_ns
+
+
+def test_the_canary_images_decode_to_the_same_patches_and_digests_in_a_process():
+    """Every kind the pixel definition covers (baseline and progressive JPEG, a
+    palette PNG with alpha, a WebP with alpha, an EXIF-rotated JPEG)."""
+    files = [(CANARY_DIR / f).read_bytes() for f in CANARY_FILES]
+    arena = PatchArena()
+    try:
+        results, slots, cpu_ns = _decode(
+            decode_processes(2), arena, [[(d, f)] for d, f in zip(files, CANARY_FILES, strict=True)]
+        )
+        assert cpu_ns > 0
+        for data, name, result, (slot,) in zip(files, CANARY_FILES, results, slots, strict=True):
+            here = prepare_image(data, name, SPEC)
+            ((grid, tokens, digest),) = result
+            written = arena.view(slot).reshape(here.patches.shape)
+            assert (tuple(grid), tokens) == (here.grid, here.num_tokens)
+            assert np.array_equal(written, here.patches)
+            assert digest == image_digest(here.grid, here.patches)
+    finally:
+        arena.close()
+
+
+def test_a_bad_image_fails_its_document_only_naming_the_record():
+    good = (CANARY_DIR / CANARY_FILES[0]).read_bytes()
+    arena = PatchArena()
+    try:
+        results, _, _ = _decode(
+            decode_processes(2), arena,
+            [[(good, "a"), (b"not an image", "shard-3/key-9.jpg")], [(good, "b")]],
+        )  # fmt: skip
+        assert isinstance(results[0], ImageError) and "shard-3/key-9.jpg" in str(results[0])
+        assert len(results[1]) == 1 and not isinstance(results[1], ImageError)
+    finally:
+        arena.close()
+
+
+def test_a_killed_decode_process_fails_the_call_saying_so_and_the_next_pool_works():
+    pool = DecodeProcesses(1)
+    arena = PatchArena()
+    try:
+        os.kill(pool._procs[0].pid, signal.SIGKILL)
+        pool._procs[0].wait()
+        data = (CANARY_DIR / CANARY_FILES[0]).read_bytes()
+        with pytest.raises(RuntimeError, match=r"decode process \(pid \d+\) died"):
+            _decode(pool, arena, [[(data, "a")]])
+        assert pool.broken is not None
+        with pytest.raises(RuntimeError, match="died"):  # and every later call too
+            _decode(pool, arena, [[(data, "a")]])
+    finally:
+        pool.close()
+        arena.close()
+
+
+def test_the_loaders_batches_hold_views_of_what_the_processes_wrote(tmp_path, tokenizer_path):
+    """Two workers: images decoded in processes, one batch part per image, each a
+    view of the shared memory the process wrote (no copy made to assemble the
+    batch), freed once the batches are dropped; digests as with one worker, which
+    decodes on its own thread into its own memory."""
+    ensure_sample_data()
+    recipe = tmp_path / "captions.toml"
+    recipe.write_text(
+        '[recipe]\nname = "captions"\nseed = 3\nlanes = 4\n[packing]\nalgorithm = "best_fit"\n'
+        "[image]\npatch_size = 8\nmerge = 2\nmin_pixels = 1024\nmax_pixels = 16384\n"
+        f'[[source]]\nname = "captions"\npath = "{SAMPLE}/images/*.tar"\n'
+    )
+    with ZephonLoader(recipe, tokenizer_path, 256, 8, num_workers=1) as ld:
+        inline = step_digests([ld], 3)
+    batches: list = []
+    with ZephonLoader(recipe, tokenizer_path, 256, 8, num_workers=2) as ld:
+        assert step_digests([ld], 3, batches) == inline
+        arena = ld.ctx.images.arena
+        maps = [np.frombuffer(s.map, np.uint8) for s in arena._segments.values()]
+        spans = [(m.ctypes.data, m.ctypes.data + m.nbytes) for m in maps]
+        del maps
+        images = [b.images for step in batches for b in step if b.images is not None]
+        assert images and all(len(im.parts) == im.num_images for im in images)
+        for im in images:
+            for part in im.parts:
+                at = part.data_ptr()
+                assert any(a <= at and at + part.numel() <= b for a, b in spans)
+        assert arena.used_bytes() > 0
+        del images, batches, part
+        gc.collect()
+        held = arena.used_bytes()  # only what the lookahead decoded ahead
+    assert held < sum(b - a for a, b in spans)

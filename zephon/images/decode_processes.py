@@ -1,0 +1,223 @@
+"""Image work in processes of its own: decode, resize, patches and pixel hash where
+the loader's Python cannot hold them up.
+
+Pillow releases the GIL while it decodes and resizes, but everything around
+it (opening the header, the numpy calls, returning to Python between chunks)
+needs the GIL, and so do the loader's reading, planning, packing and
+assembling. On a few cores, decode threads then wait on the loader's Python and
+the cores idle. A decode process has an interpreter of its own.
+
+What crosses: a task is a few documents' encoded images (bytes, as read) with
+a slot of shared memory each (images/shared_patches.py), sized from the header
+when the call was planned; the process writes each image's patches into its
+slot and sends back only grid, token count and digest (or the document's
+first ImageError), plus the CPU it spent. Pixels are written once, by the
+decoder, into the memory the batch hands the model.
+
+Bytes do not depend on the process: the same Pillow, the same calls
+(images/prepare.py), the same single-threaded integer arithmetic as in a
+thread (images/pixels/decode.py).
+
+The processes are plain `python -m zephon.images.decode_processes` children
+talking pickles over their stdin and stdout, one feeding thread each in the
+loader. Not multiprocessing: its "spawn" re-imports the launching program's
+main module in every child (the whole trainer, seconds and hundreds of MB),
+and "fork" copies the locks of the loader's threads. They import only numpy,
+Pillow and zephon, are shared by every loader of the process with the same
+count (tests and the benchmark build many loaders), ignore SIGINT and SIGTERM
+(a stop is the loader's to handle; they run in a session of their own) and
+end when the loader's process does (end of their stdin). One that dies
+(killed, out of memory) fails its task with a message that says so.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from zephon.errors import ImageError
+from zephon.images.shared_patches import SegmentViews, Slot
+
+
+@dataclass(frozen=True)
+class Task:
+    """Documents to decode: per document, (encoded bytes, record name, slot) per image."""
+
+    spec: Any  # ImageSpec
+    docs: list[list[tuple[bytes, str, Slot]]]
+    live: frozenset[str]  # the arena's segments now (others may be unmapped)
+
+
+# Per document: (grid, num_tokens, digest) per image, or its first bad image's error.
+DocResult = list[tuple[tuple[int, int], int, bytes]] | ImageError
+TaskResult = tuple[list[DocResult], int]  # and the CPU ns the process spent on the task
+
+
+def decode_task(task: Task, views: SegmentViews) -> TaskResult:
+    """Every image of every document of the task into its slot (in a decode process)."""
+    from zephon.images.documents import image_digest
+    from zephon.images.prepare import prepare_image
+
+    cpu0 = time.process_time_ns()
+    views.forget(task.live)
+    out: list[DocResult] = []
+    for doc in task.docs:
+        images: DocResult = []
+        for data, name, slot in doc:
+            try:
+                p = prepare_image(data, name, task.spec, out=views.view(slot))
+            except ImageError as exc:
+                images = exc
+                break
+            images.append((p.grid, p.num_tokens, image_digest(p.grid, p.patches)))
+        out.append(images)
+    return out, time.process_time_ns() - cpu0
+
+
+# -- framing: a length, then a pickle ---------------------------------------------------
+
+_LEN = struct.Struct("<Q")
+
+
+def _send(pipe: BinaryIO, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    pipe.write(_LEN.pack(len(data)))
+    pipe.write(data)
+    pipe.flush()
+
+
+def _receive(pipe: BinaryIO) -> Any:
+    head = pipe.read(_LEN.size)
+    if len(head) < _LEN.size:
+        raise EOFError
+    (n,) = _LEN.unpack(head)
+    data = pipe.read(n)
+    if len(data) < n:
+        raise EOFError
+    return pickle.loads(data)
+
+
+def serve() -> None:
+    """A decode process's loop: tasks in on stdin, results out on stdout, until EOF."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    tasks, results = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # a stray print must not corrupt the results
+    views = SegmentViews()
+    while True:
+        try:
+            task = _receive(tasks)
+        except EOFError:
+            return
+        try:
+            out: Any = decode_task(task, views)
+        except Exception as exc:  # anything but a bad image: the loader raises it
+            out = RuntimeError(f"zephon image decode process: {type(exc).__name__}: {exc}")
+        try:
+            _send(results, out)
+        except BrokenPipeError:
+            return
+
+
+# -- the loader's side ------------------------------------------------------------------
+
+
+class DecodeProcesses:
+    """`count` decode processes and a thread feeding each; `submit` returns a Future."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self._tasks: queue.SimpleQueue[tuple[Task, Future[TaskResult]] | None] = queue.SimpleQueue()
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self.broken: str | None = None
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[2])  # where `zephon` is importable from
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        for i in range(count):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "zephon.images.decode_processes"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+                start_new_session=True,
+            )
+            self._procs.append(proc)
+            t = threading.Thread(target=self._feed, args=(proc,), name=f"zephon-feed-{i}")
+            t.daemon = True
+            t.start()
+
+    def submit(self, task: Task) -> Future[TaskResult]:
+        future: Future[TaskResult] = Future()
+        if self.broken is not None:
+            future.set_exception(RuntimeError(self.broken))
+        else:
+            self._tasks.put((task, future))
+        return future
+
+    def _feed(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            while True:
+                item = self._tasks.get()
+                if item is None:
+                    return
+                task, future = item
+                if not future.set_running_or_notify_cancel():  # cancelled while queued
+                    continue
+                try:
+                    _send(proc.stdin, task)
+                    out = _receive(proc.stdout)
+                except (EOFError, OSError):
+                    code = proc.poll()
+                    self.broken = (
+                        f"a zephon image decode process (pid {proc.pid}) died"
+                        f"{f' with status {code}' if code is not None else ''} "
+                        "(killed, or out of memory?); the loader cannot go on without it"
+                    )
+                    future.set_exception(RuntimeError(self.broken))
+                    return
+                if isinstance(out, Exception):
+                    future.set_exception(out)
+                else:
+                    future.set_result(out)
+        finally:
+            try:
+                proc.stdin.close()  # the process ends at the end of its input
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """End the processes once the tasks already submitted are done."""
+        for _ in self._procs:
+            self._tasks.put(None)
+
+
+_pools: dict[int, DecodeProcesses] = {}
+_pools_lock = threading.Lock()
+
+
+def decode_processes(count: int) -> DecodeProcesses:
+    """The process's shared `count` decode processes (started on first use; started
+    again if one died)."""
+    with _pools_lock:
+        pool = _pools.get(count)
+        if pool is None or pool.broken is not None:
+            if pool is not None:
+                pool.close()  # its other processes end with their stdin
+            pool = _pools[count] = DecodeProcesses(count)
+        return pool
+
+
+if __name__ == "__main__":
+    serve()
