@@ -1,10 +1,12 @@
-"""Pipeline parallelism on 4 CPU processes (gloo), over the sample phases recipe
-(global batch 8 x 64 tokens, then 16 x 128 from step 11): PP 2 x FSDP 2 trains on
-the same global batches as FSDP 4 with the same losses (1e-5 relative), with 1F1B
-and with Interleaved1F1B (2 stages per rank, 4 in all), the schedule rebuilt for
-the new shape at the phase boundary, and the same validation loss at the end; and the boundary checkpoint written under
-PP 2 x FSDP 2 resumes as PP 2 x FSDP 1 on 2 processes with the same batches and
-losses after it."""
+"""Pipeline parallelism on CPU processes (gloo), over the sample phases recipe
+(global batch 8 x 64 tokens, then 16 x 128 from step 11): PP 2 x FSDP 2 (4
+processes, 1F1B) and PP 2 x FSDP 1 (2 processes, Interleaved1F1B with 2 stages
+per rank, 4 in all) train on the same global batches as FSDP 2 alone with the
+same losses (1e-5 relative), the schedule rebuilt for the new shape at the phase
+boundary, and the same validation loss at the end; and the boundary checkpoint
+written under PP 2 x FSDP 2 resumes as PP 2 x FSDP 1 with the same batches and
+losses after it. (Fewer processes where the degree allows: on 2 cores a
+4-process run costs about twice a 2-process one.)"""
 
 from __future__ import annotations
 
@@ -43,8 +45,9 @@ def run(nproc: int, dump: Path, *extra: str) -> Path:
     out = ok(torchrun_train(nproc, dump, [*ARGS, *extra], timeout=600))
     assert f"training done at step {STEPS}" in out.stdout, out.stdout[-2000:]
     if extra:  # one loader per data-parallel coordinate: stage 0 loads, stage 1 receives
-        assert "data loading work: 2 loader(s) on 4 process(es)" in out.stdout
-        assert "batches broadcast to 2 receiving peer(s)" in out.stdout
+        half = nproc // 2
+        assert f"data loading work: {half} loader(s) on {nproc} process(es)" in out.stdout
+        assert f"batches broadcast to {half} receiving peer(s)" in out.stdout
     return dump
 
 
@@ -61,13 +64,13 @@ def same_training(got: Path, ref: Path, steps: range) -> None:
     )
 
 
-def test_pp2_x_fsdp2_trains_like_fsdp4_across_a_phase_and_resumes_at_another_degree(tmp_path):
+def test_pp2_trains_like_fsdp_across_a_phase_and_resumes_at_another_degree(tmp_path):
     ensure_sample_data()
-    ref = run(4, tmp_path / "fsdp4")
+    ref = run(2, tmp_path / "fsdp2")
     one_f_one_b = run(4, tmp_path / "pp_1f1b", *PP2)
     same_training(one_f_one_b, ref, range(1, STEPS + 1))
     interleaved = run(
-        4, tmp_path / "pp_interleaved", *PP2,
+        2, tmp_path / "pp_interleaved", *PP2,
         "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B",
     )  # fmt: skip
     same_training(interleaved, ref, range(1, STEPS + 1))

@@ -134,3 +134,30 @@ def test_resize_array_is_the_bicubic_resize_and_leaves_a_right_size_alone():
     out = resize_array(PIXELS, (6, 4))
     assert out.shape == (4, 6, 3) and out.dtype == np.uint8
     assert np.array_equal(resize_array(PIXELS, (12, 8)), PIXELS)
+
+
+def test_patches_written_into_a_buffer_are_the_same_bytes_and_a_view_of_it():
+    """`to_patches(..., out=)`: what a decode process writes into shared memory."""
+    rng = np.random.default_rng(5)
+    pixels = rng.integers(0, 256, (2 * 3 * 4, 2 * 3 * 2, 3), dtype=np.uint8)  # p 3, merge 2
+    want, grid = to_patches(pixels, 3, 2)
+    buf = np.zeros(want.size + 16, dtype=np.uint8)
+    got, got_grid = to_patches(pixels, 3, 2, out=buf[8 : 8 + want.size])
+    assert got_grid == grid and got.shape == want.shape and np.array_equal(got, want)
+    assert np.shares_memory(got, buf) and not buf[:8].any() and not buf[-8:].any()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        np.zeros(216, dtype=np.int16),  # another dtype
+        np.zeros(215, dtype=np.uint8),  # a byte short
+        np.zeros(432, dtype=np.uint8)[::2],  # the right size, not contiguous
+    ],
+    ids=["dtype", "size", "strided"],
+)
+def test_a_buffer_that_is_not_exactly_the_patches_bytes_is_refused(bad):
+    pixels = np.zeros((12, 6, 3), dtype=np.uint8)  # 4 x 2 patches of 3 pixels: 8 x 27 bytes
+    with pytest.raises(ValueError) as err:
+        to_patches(pixels, 3, 2, out=bad)
+    assert "contiguous uint8 buffer of 216 bytes (patches (8, 27))" in str(err.value)
