@@ -137,7 +137,6 @@ class DecodeProcesses:
     """`count` decode processes and a thread feeding each; `submit` returns a Future."""
 
     def __init__(self, count: int):
-        self.count = count
         self._tasks: queue.SimpleQueue[tuple[Task, Future[TaskResult]] | None] = queue.SimpleQueue()
         self._procs: list[subprocess.Popen[bytes]] = []
         self.broken: str | None = None

@@ -137,7 +137,6 @@ class PatchArena:
         self._lock = threading.Lock()
         self._dead: collections.deque[Slot] = collections.deque()  # slots of dead views
         self.closed = False
-        self.peak_bytes = 0  # the most bytes the arena's segments held at once
         # an arena dropped or left open at exit still unlinks its segments
         weakref.finalize(self, _release, self._segments)
 
@@ -154,7 +153,6 @@ class PatchArena:
                     return Slot(name, at, nbytes)
             seg = _Segment(max(self.segment_bytes, n))
             self._segments[seg.name] = seg
-            self.peak_bytes = max(self.peak_bytes, self.size_bytes)
             at = seg.take(n)
             assert at is not None
             return Slot(seg.name, at, nbytes)
@@ -189,10 +187,6 @@ class PatchArena:
     def segment_names(self) -> frozenset[str]:
         with self._lock:
             return frozenset(self._segments)
-
-    @property
-    def size_bytes(self) -> int:
-        return sum(s.size for s in self._segments.values())
 
     def used_bytes(self) -> int:
         """Bytes of slots taken and not freed (dead views' slots freed first)."""
