@@ -75,7 +75,7 @@ def test_bench_throughput_quick(tmp_path: Path) -> None:
         assert set(ns) == {*STAGES, "total"}, key
         assert abs(sum(ns[s] for s in STAGES) - ns["total"]) <= 1e-6 * ns["total"], key
     page = out.with_suffix(".md").read_text()
-    assert "| sample | 8 |" in page and "| web | 8 |" in page
+    assert "| sample | 8 |" in page and "| mix | 8 |" in page
     assert "| corpus | lanes | read | parse | plan | tokenize |" in page
 
 
