@@ -172,7 +172,7 @@ def caption_mask(labels: torch.Tensor, tok: Any) -> torch.Tensor:
 
 def with_pixels(images: Any, patches: list[np.ndarray]) -> Any:
     """`images` with each image's patches replaced (same grids, rows, starts)."""
-    return dataclasses.replace(images, patches=torch.from_numpy(np.concatenate(patches)))
+    return dataclasses.replace(images, parts=tuple(torch.from_numpy(p) for p in patches))
 
 
 @torch.no_grad()
