@@ -95,3 +95,21 @@ def test_padding_rows_carry_no_images():
     b.padded_to, b.pad_id = 8, 7
     micro = b.micro_batches(2)
     assert [m.images.num_images for m in micro] == [1, 2, 0, 0]
+
+
+def test_images_in_parts_select_and_join_like_one_array():
+    """A part per image (what the loader hands over): row selection keeps views of
+    exactly the selected images' patches, and joining gives the one-array bytes."""
+    whole = _images()
+    counts = [16, 4, 8]
+    edges = np.cumsum([0, *counts])
+    arrays = [whole.patches.numpy()[a:b] for a, b in zip(edges, edges[1:], strict=False)]
+    parts = ImageBatch.from_numpy(
+        arrays, whole.grids.numpy(), [0, 2, 3], [1, 5, 0], patch_size=1, merge=2
+    )
+    assert len(parts.parts) == 3 and parts.patches.equal(whole.patches)
+    for first, last in ((0, 1), (1, 3), (2, 4), (0, 4), (1, 2)):
+        got, want = parts.select_rows(first, last), whole.select_rows(first, last)
+        assert got.patches.equal(want.patches) and got.grids.equal(want.grids), (first, last)
+        assert all(any(np.shares_memory(p.numpy(), a) for a in arrays) for p in got.parts)
+    assert parts.patches_on(None).data_ptr() != parts.parts[0].data_ptr()  # joined: a copy
