@@ -29,6 +29,7 @@ from torchtitan.components.checkpoint.manager import (
 )
 from torchtitan.components.divergence import DivergenceGuard, clip_grads, fold_loss_into_grads
 from torchtitan.components.flops import model_flops_utilisation
+from torchtitan.components.group_steps import GroupSteps, data_parallel_sizes
 from torchtitan.components.initial_load import initial_model_args, load_initial
 from torchtitan.components.lr_scheduler import build_lr_scheduler, decay_window, lr_of_step
 from torchtitan.components.metrics import (
@@ -39,12 +40,14 @@ from torchtitan.components.metrics import (
 )
 from torchtitan.components.model_setup import build_parallel_model, check_pipeline_layout
 from torchtitan.components.optimizer import build_optimizer
+from torchtitan.components.peer_state import load_from_peer, state_for_peer
 from torchtitan.components.source_metrics import global_source_counts, scheduled_shares
 from torchtitan.components.validation import validation_loss
 from torchtitan.config.job_config import ConfigError, JobConfig, load_job_config
 from torchtitan.datasets.dataloader import TrainDataLoader, check_data_startup, describe_work
 from torchtitan.datasets.phase_timeline import DataTimeline, micro_rows
 from torchtitan.distributed.mesh import ParallelDims, ParallelMesh
+from torchtitan.distributed.replica_groups import ReplicaGroups, replica_groups
 from torchtitan.distributed.utils import DistInfo, exit_process, init_distributed
 from torchtitan.models import get_model_spec
 from torchtitan.runtime.agreement import StepAgreement, agree
@@ -62,10 +65,18 @@ def _setup_logging(rank: int) -> None:
         stream=sys.stdout,
         force=True,
     )
+    # torchft logs every quorum and commit at INFO: the trainer's recovery line
+    # says what a user needs (RUST_LOG quiets its native half, read at import).
+    logging.getLogger("torchft").setLevel(logging.WARNING)
+    os.environ.setdefault("RUST_LOG", "warn")
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class Trainer:
@@ -86,19 +97,19 @@ class Trainer:
             initial_model_args(cfg, tok.vocab_size),
             attention_impl=_attention_impl(cfg.model.attention_impl, self.device),
         )
-        # The data schedule, checked from the step this run starts at: every phase
-        # still to come, for this mesh, before anything is built.
         self.resume_from = resume_step(cfg.checkpoint, cfg.job.dump_folder)
-        start = self.resume_from or 0
-        self.plan = DataTimeline.from_config(cfg)
-        for seq_len in sorted({p.seq_len for p in self.plan.unfinished(start)}):
-            self.spec.check_parallelism(self.model_args, dims, seq_len)
-        dp = dims.dp
-        self.layouts = check_data_startup(cfg, dp, self.model_args.max_seq_len, self.plan, start)
-        check_pipeline_layout(self.spec, self.model_args, cfg, dims, self._rows_per_rank(dp, start))
-        decay_window(cfg.lr_scheduler, max(t.steps, 1), self.plan.phases)  # checked now
+        start, dp = self.resume_from or 0, dims.dp
+        self.plan, self.layouts = _plan_data(cfg, self.spec, self.model_args, dims, start)
         self.mesh = ParallelMesh(dims, self.device.type)
-        self.data = self._loader()
+        # The replica groups of each step (fault tolerance), or this job alone. The
+        # loader starts at this job's own coordinates; a step with other groups deals
+        # the lanes again (`GroupSteps.follow`).
+        self.groups: ReplicaGroups = replica_groups(
+            cfg.fault_tolerance, self.rank, dist_info.world_size, self.device,
+            self._state_for_peer, self._load_from_peer, start,
+        )  # fmt: skip
+        self.group_steps = GroupSteps(self.groups, cfg, self.rank, dp, self._train_loader)
+        self.data = self.group_steps.loader(self.mesh.dp_rank)
 
         # Refuse an incompatible resume before paying for the model.
         resume_doc: dict[str, Any] | None = None
@@ -124,6 +135,7 @@ class Trainer:
         if self.resume_from is not None and resume_doc is not None:
             self.step = self.ckpt.load(self.resume_from)
             self.data.restore(resume_doc)
+            self.group_steps.start_doc = resume_doc
             logger.info(
                 f"resumed from step {self.step} on {dp} data-parallel rank(s) "
                 f"({cfg.data.loader} loader, {self.mesh.describe()})"
@@ -135,33 +147,42 @@ class Trainer:
                 )
         elif cfg.checkpoint.initial_load_path:
             load_initial(cfg, self.model, self.optimizer, self.model_args)
-        if self.rank == 0:
+        self.metrics: MetricsLogger | None = None
+        if self.rank == 0 and not self.groups.may_change:
             # Steps after this run's start (0 without a checkpoint) are trained again.
             trim_logs_to_start(cfg.metrics, cfg.job.dump_folder, self.step)
-        self.metrics = (
-            MetricsLogger.from_config(cfg.metrics, cfg.job.dump_folder, cfg.to_dict())
-            if self.rank == 0
-            else None
-        )
-
-    def _rows_per_rank(self, dp: int, start: int) -> dict[str, int]:
-        """Rows each data-parallel rank runs per step, by phase still to come."""
-        rows = {}
-        for phase in self.plan.unfinished(start):
-            layout = self.layouts.get(phase.name)
-            name = f"phase {phase.name!r}" if phase.name is not None else "the data"
-            rows[name] = layout.rows_per_rank if layout else -(-phase.global_batch_size // dp)
-        return rows
+            self.metrics = MetricsLogger.from_config(
+                cfg.metrics, cfg.job.dump_folder, cfg.to_dict()
+            )
 
     def _loader(self, recipe: str | None = None) -> TrainDataLoader:
         """This rank's loader at its data-parallel coordinate: its TP peers and
         pipeline stages share one, run by the group's rank 0 (stage 0, TP rank 0),
         which broadcasts each batch to the others (collective)."""
-        m = self.mesh
+        m = self.mesh  # (validation: every replica group on its own, at its own size)
         return TrainDataLoader.from_config(
             self.cfg, m.dp_rank, m.dp_size, recipe, for_validation=recipe is not None,
             dp_group=m.dp_group, coordinate_group=m.coordinate_group, device=self.device,
         )  # fmt: skip
+
+    def _train_loader(self, dp_rank: int, dp_size: int) -> TrainDataLoader:
+        """The training loader at a step's coordinates (with replica groups: over all
+        the groups of the step)."""
+        m = self.mesh
+        return TrainDataLoader.from_config(
+            self.cfg, dp_rank, dp_size, dp_group=m.dp_group,
+            coordinate_group=m.coordinate_group, device=self.device, groups=self.groups,
+        )  # fmt: skip
+
+    def _state_for_peer(self) -> dict[str, Any]:
+        """What a joining replica group copies from this one (at a step start)."""
+        state = state_for_peer(self.model, self.optimizer, self.lr_scheduler, self.divergence)
+        return {**state, "step": self.step, "data": self.group_steps.start_doc}
+
+    def _load_from_peer(self, state: dict[str, Any]) -> None:
+        load_from_peer(state, self.model, self.optimizer, self.lr_scheduler, self.divergence)
+        self.step = state["step"]
+        self.group_steps.moved_in(state["data"])
 
     def _forward_backward(self, batch: Any, n_valid_global: int) -> torch.Tensor:
         """This rank's passes over the step's batch (micro-batches: the phase's rows);
@@ -171,20 +192,27 @@ class Trainer:
         rows = self.plan.micro_rows(self.plan.phase_at(self.step))
         return self.passes.train(batch, rows, self.dp / max(n_valid_global, 1))
 
-    def train_step(self, batch: Any, n_valid: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step; returns (this rank's loss sum, gradient norm). The
-        norm, reduced over the whole mesh, and the global loss, when spikes are
-        tracked (else it is reduced only when logged), decide whether the update is
-        applied (divergence.py)."""
+    def train_step(self, batch: Any, n_valid: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """One optimizer step: (this rank's loss sum, gradient norm, committed). The
+        norm (whole mesh) and the global loss (when spikes are tracked, else reduced
+        only when logged) decide whether the update is applied (divergence.py). With
+        replica groups the gradients are summed over them (each holds its share of
+        the global normalisation) and the update waits for every group's `commit`."""
         loss_sum = self._forward_backward(batch, n_valid)
         params = list(self.model.parameters())
         fold_loss_into_grads(loss_sum, params)
+        self.groups.sum_tensors([_local(p.grad) for p in params if p.grad is not None])
         # Every gradient is a DTensor on the same mesh (FSDP x TP), so the norm
         # is taken across both; the stages' norms are then summed (PP).
         grad_norm = clip_grads(params, self.cfg.training.max_norm, self.mesh.pp_group)
         self.last_loss = None
-        if self.divergence.tracks_loss:
+        if self.divergence.tracks_loss or self.groups.may_change:
+            # (with replica groups: before the commit, while every group is there)
             self.last_loss = self._global_loss(loss_sum.clone(), n_valid)
+        self.group_steps.gather(self.data)  # every lane's state after it (replica groups)
+        if not self.groups.commit():
+            self.optimizer.zero_grad(set_to_none=True)
+            return loss_sum, grad_norm, False
         if self.divergence.update_ok(self.step, float(grad_norm.item()), self.last_loss):
             self.optimizer.step()
         self.lr_scheduler.step()  # a skipped step is still a step of the schedule
@@ -192,16 +220,21 @@ class Trainer:
         if self.divergence.should_stop():
             before = self.ckpt.newest_finite(below=self.divergence.safe_below)
             raise self.divergence.stop_error(self.step, before)
-        return loss_sum, grad_norm
+        return loss_sum, grad_norm, True
 
     def _batch_counts(self, batch: Any, stop: bool = False) -> StepAgreement:
-        """Collective, the one all-reduce of every step (see runtime/agreement.py)."""
+        """Collective, the one all-reduce of every step (runtime/agreement.py), then
+        over the replica groups (`GroupSteps.agree`)."""
+        return self.group_steps.agree(self._group_counts(batch, stop))
+
+    def _group_counts(self, batch: Any, stop: bool = False) -> StepAgreement:
         n_valid = batch.num_valid_tokens() if batch is not None else None
         return agree(n_valid, stop, self.mesh.dims.coordinate_size, self.device)
 
     def _global_loss(self, loss_sum: torch.Tensor, n_valid: int) -> float:
         """Collective: the global batch's mean token loss (called at log steps only)."""
         dist.all_reduce(loss_sum, group=self.mesh.loss_group)
+        self.groups.sum_(loss_sum)
         return float(loss_sum.item()) / max(n_valid, 1)
 
     def validate(self) -> float:
@@ -211,7 +244,7 @@ class Trainer:
         rows = micro_rows(t.local_batch_size, t.local_batch_tokens or None, t.seq_len)
         return validation_loss(
             self.passes, self._loader(cfg.validation.recipe), rows, cfg.validation.steps,
-            lambda b: self._batch_counts(b).have_all, self.device, self.mesh.loss_group,
+            lambda b: self._group_counts(b).have_all, self.device, self.mesh.loss_group,
         )  # fmt: skip
 
     def run(self) -> int:
@@ -227,8 +260,12 @@ class Trainer:
             logger.info(line)
         val_freq = cfg.validation.freq
         stops = stop_requests()
+        redo = False  # the previous step did not commit: this one makes it again
         while self.step < steps:
             t0 = time.perf_counter()
+            set_phase("quorum", self.step + 1)
+            membership = self.groups.begin_step()  # may copy the whole state from a peer
+            self.data = self.group_steps.follow(membership, redo, self.data, self.mesh.dp_rank)
             set_phase("data", self.step + 1)
             batch = self.data.next_batch()
             data_wait = time.perf_counter() - t0
@@ -244,39 +281,40 @@ class Trainer:
             digest = (
                 self.data.global_digest(batch) if log_now and cfg.data.log_batch_digests else None
             )
-            loss_sum, grad_norm = self.train_step(batch, n_valid)
+            loss_sum, grad_norm, committed = self.train_step(batch, n_valid)
+            redo = not committed
+            if redo:  # a replica group failed inside the step: the survivors make it again
+                self.step -= 1
+                self.group_steps.log.failed(self.step + 1, t0)
+                continue
+            self.metrics = self.group_steps.committed(self.step, t0, self.metrics)
             if log_now:
                 self._log_step(batch, loss_sum, grad_norm, n_valid, t0, data_wait, digest)
+            if stop and stops is not None and self.groups.may_change:
+                return stops.finish(self.step, None)  # this group leaves; the others go on
             if stop and stops is not None and self.step < steps:  # agreed: save it, exit
                 set_phase("save", self.step)
-                return stops.finish(self.step, self._save_for_stop())
+                saved = self.ckpt.save_and_verify(
+                    self.step, self.data.gather_state, self.divergence.last_finite, self.last_loss
+                )
+                return stops.finish(self.step, saved)
             if cfg.validation.enable and val_freq > 0 and self.step % val_freq == 0:
                 self._log_validation()
-            if self.ckpt.should_save(self.step, steps):
+            if self.ckpt.should_save(self.step, steps) and membership.index == 0:
+                # (with replica groups, the first group alone writes: the state is one)
                 set_phase("save", self.step)
                 self.ckpt.save(
-                    self.step, self.data.gather_state, self.divergence.last_finite,
+                    self.step, lambda: self.group_steps.loader_state(self.data),
+                    self.divergence.last_finite,
                     loss=self.last_loss,
                 )  # fmt: skip
         self.ckpt.wait()  # an asynchronous save still in flight becomes a resume point
         if cfg.validation.enable and (val_freq <= 0 or self.step % val_freq):
             self._log_validation()
         logger.info(describe_work(self.data.work_summary()))  # collective
+        self.group_steps.report_parameters(self.model, self.step)  # collective
         logger.info(f"training done at step {self.step}")
         return 0
-
-    def _save_for_stop(self) -> tuple[str, float] | None:
-        """Collective: save and verify the current step; (folder, seconds) or None."""
-        t0 = time.perf_counter()
-        if not self.cfg.checkpoint.enable:
-            return None
-        finite = self.divergence.last_finite
-        if not self.ckpt.save(
-            self.step, self.data.gather_state, finite, wait=True, loss=self.last_loss
-        ):
-            return None
-        self.ckpt.verify(self.step)
-        return self.ckpt.step_dir(self.step), time.perf_counter() - t0
 
     def _log_step(
         self,
@@ -295,13 +333,14 @@ class Trainer:
             loss = self._global_loss(loss_sum, n_valid)
         norm = float(_full(grad_norm).item())
         sources = global_source_counts(
-            batch, self.data.source_names, self.device, self.mesh.dp_group
+            batch, self.data.source_names, self.device, self.mesh.dp_group, self.groups
         )
         dropped = self.data.bad_records_dropped()
         step_time = time.perf_counter() - t0
         if self.metrics is None:
             return
         phase = self.plan.phase_at(self.step)
+        groups, lanes = self.group_steps.held(phase.lanes)
         tokens = self.plan.step_tokens(phase)
         flops = self.spec.flops_per_token(self.model_args, phase.seq_len)
         mfu = model_flops_utilisation(flops, tokens, step_time, self.info.world_size, self.device)
@@ -323,6 +362,8 @@ class Trainer:
                 skipped_updates=self.divergence.skipped,
                 phase=phase.name if self.plan.named else None,
                 scheduled_shares=scheduled_shares(phase, self.data.source_names),
+                replica_groups=groups,
+                lanes_per_group=lanes,
             )
         )
 
@@ -333,9 +374,32 @@ class Trainer:
             self.metrics.log_validation(self.step, loss)
 
     def close(self) -> None:
+        self.groups.close()
         self.data.close()
         if self.metrics is not None:
             self.metrics.close()
+
+
+def _plan_data(
+    cfg: JobConfig, spec: Any, model_args: Any, dims: ParallelDims, start: int
+) -> tuple[DataTimeline, dict[str | None, Any]]:
+    """The data schedule and its layouts, checked from the step this run starts at:
+    every phase still to come, at every data-parallel size the job may meet (with
+    replica groups: each count of live groups; the last, all of them, is reported),
+    before anything is built."""
+    plan = DataTimeline.from_config(cfg)
+    for seq_len in sorted({p.seq_len for p in plan.unfinished(start)}):
+        spec.check_parallelism(model_args, dims, seq_len)
+    for size in data_parallel_sizes(cfg.fault_tolerance, dims.dp):
+        layouts = check_data_startup(cfg, size, model_args.max_seq_len, plan, start)
+    rows = {}  # rows each data-parallel rank runs per step, by phase still to come
+    for phase in plan.unfinished(start):
+        layout = layouts.get(phase.name)
+        name = f"phase {phase.name!r}" if phase.name is not None else "the data"
+        rows[name] = layout.rows_per_rank if layout else -(-phase.global_batch_size // dims.dp)
+    check_pipeline_layout(spec, model_args, cfg, dims, rows)
+    decay_window(cfg.lr_scheduler, max(cfg.training.steps, 1), plan.phases)  # checked now
+    return plan, layouts
 
 
 def _attention_impl(choice: str, device: torch.device) -> str:

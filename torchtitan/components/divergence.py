@@ -30,6 +30,7 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -115,6 +116,17 @@ class DivergenceGuard:
         self.first_bad = 0
         self.first_reason = ""
         self._losses: deque[float] = deque(maxlen=SPIKE_WINDOW)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a replica group that joins copies from a live peer (the counts and the
+        losses the spike median is taken over)."""
+        names = ("in_a_row", "skipped", "first_bad", "first_reason")
+        return {**{n: getattr(self, n) for n in names}, "losses": list(self._losses)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in ("in_a_row", "skipped", "first_bad", "first_reason"):
+            setattr(self, name, state[name])
+        self._losses = deque(state["losses"], maxlen=SPIKE_WINDOW)
 
     @property
     def tracks_loss(self) -> bool:

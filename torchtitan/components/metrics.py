@@ -51,6 +51,11 @@ class StepMetrics:
     """Token share of each source over the phase's logged steps so far."""
     scheduled_shares: dict[str, float] | None = None
     """The share the phase's weights give each source (0: paused)."""
+    replica_groups: list[int] | None = None
+    """Fault-tolerant runs: the replica ids of the groups that trained the step, in
+    their data-parallel order."""
+    lanes_per_group: list[int] | None = None
+    """Fault-tolerant runs: how many lanes each of those groups held."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -92,6 +97,11 @@ def format_step(m: StepMetrics) -> str:
         parts.append(f"bad records dropped {m.bad_records_dropped}")
     if m.skipped_updates:
         parts.append(f"updates skipped {m.skipped_updates}")
+    if m.replica_groups is not None and m.lanes_per_group is not None:
+        held = " ".join(
+            f"{g}:{n}" for g, n in zip(m.replica_groups, m.lanes_per_group, strict=True)
+        )
+        parts.append(f"groups (id:lanes) {held}")
     return " | ".join(parts)
 
 
@@ -256,6 +266,9 @@ class MetricsLogger:
                 if m.phase_shares is not None:
                     record["phase_shares"] = m.phase_shares
                     record["scheduled_shares"] = m.scheduled_shares
+            if m.replica_groups is not None:
+                record["replica_groups"] = m.replica_groups
+                record["lanes_per_group"] = m.lanes_per_group
             self._jsonl.write(json.dumps(record) + "\n")
             self._jsonl.flush()
         return line

@@ -23,6 +23,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from torchtitan.distributed.replica_groups import ReplicaGroups
+
 
 def has_source_counts(batch: Any) -> bool:
     return getattr(batch, "source_tokens", None) is not None
@@ -33,10 +35,12 @@ def global_source_counts(
     names: Sequence[str],
     device: torch.device,
     group: dist.ProcessGroup | None = None,
+    groups: ReplicaGroups | None = None,
 ) -> tuple[dict[str, int], dict[str, int]] | None:
     """Collective (every rank, same loader kind): ({source: tokens}, {source: documents})
     over the whole global batch, or None when the loader does not count. `group` is the
-    data-parallel group: tensor-parallel peers hold the same rows and must not be counted twice."""
+    data-parallel group: tensor-parallel peers hold the same rows and must not be counted
+    twice; `groups`: the other replica groups' counts are added (fault tolerance)."""
     if not has_source_counts(batch):
         return None
     tokens = np.asarray(batch.source_tokens, dtype=np.int64)
@@ -49,6 +53,8 @@ def global_source_counts(
     both = torch.from_numpy(np.concatenate([tokens, docs])).to(device)
     if dist.is_initialized():
         dist.all_reduce(both, group=group)
+    if groups is not None:
+        groups.sum_(both)
     values = both.tolist()
     n = len(names)
     return dict(zip(names, values[:n], strict=True)), dict(zip(names, values[n:], strict=True))

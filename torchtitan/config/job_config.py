@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import json
 import math
+import os
 import sys
 import tomllib
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -219,6 +222,30 @@ class Data:
 
 
 @dataclass
+class FaultTolerance:
+    """Live recovery with torchft (docs/fault_tolerance.md): this job is one replica
+    group of several; a lighthouse forms a quorum of the groups at every step, a lost
+    group costs the step in flight, and a group that comes back copies its state from
+    a live peer. Needs `pip install -e '.[ft]'`."""
+
+    enable: bool = False
+    replica_id: int = -1
+    """This group's id in [0, group_count); -1 = the FT_REPLICA_ID environment variable."""
+    group_count: int = 1
+    """The most replica groups the job will have (ids 0..group_count-1)."""
+    min_replicas: int = 1
+    """Groups a step needs to commit; fewer wait for the quorum."""
+    lighthouse: str = ""
+    """host:port of the lighthouse; "" = the FT_LIGHTHOUSE environment variable."""
+    connect_timeout_s: float = 20.0
+    """How long to reach the lighthouse (and a peer to heal from) before giving up."""
+    quorum_timeout_s: float = 60.0
+    """How long a step waits for its quorum."""
+    step_timeout_s: float = 30.0
+    """How long a cross-group collective (or a commit vote) waits for a peer."""
+
+
+@dataclass
 class JobConfig:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
@@ -230,6 +257,7 @@ class JobConfig:
     metrics: Metrics = field(default_factory=Metrics)
     validation: Validation = field(default_factory=Validation)
     data: Data = field(default_factory=Data)
+    fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
 
     def __post_init__(self) -> None:
         # (section, field) -> where it was set ("config file 'x'", "command line (--y)");
@@ -498,6 +526,11 @@ def _check_ranges(cfg: JobConfig, provenance: dict[tuple[str, str], str]) -> Non
         ("validation", "steps", lambda v: v == -1 or v >= 1, "-1 or an integer >= 1"),
         ("data", "num_workers", lambda v: v >= -1, "-1 or an integer >= 0"),
         ("data", "prefetch", lambda v: v >= -1, "-1 or an integer >= 0"),
+        ("fault_tolerance", "group_count", lambda v: v >= 1, "an integer >= 1"),
+        ("fault_tolerance", "min_replicas", lambda v: v >= 1, "an integer >= 1"),
+        ("fault_tolerance", "connect_timeout_s", lambda v: v > 0, "seconds > 0"),
+        ("fault_tolerance", "quorum_timeout_s", lambda v: v > 0, "seconds > 0"),
+        ("fault_tolerance", "step_timeout_s", lambda v: v > 0, "seconds > 0"),
     ]
     known_models = ", ".join(repr(n) for n in MODEL_NAMES)
     rules.append(("model", "name", lambda v: v in MODEL_NAMES, f"one of {known_models}"))
@@ -559,8 +592,69 @@ def load_job_config(argv: list[str] | None = None) -> JobConfig:
     cfg.job.config_file = config_file
     _check_ranges(cfg, provenance)
     _one_micro_batch_size(cfg, provenance)
+    _fault_tolerance(cfg, provenance, os.environ)
     cfg.provenance = provenance
     return cfg
+
+
+def _fault_tolerance(
+    cfg: JobConfig, provenance: dict[tuple[str, str], str], environ: Mapping[str, str]
+) -> None:
+    """Fill `replica_id` and `lighthouse` from FT_REPLICA_ID / FT_LIGHTHOUSE when unset
+    (run_train.sh passes them so one command starts any group), then check that the
+    settings fit together."""
+    ft = cfg.fault_tolerance
+    if not ft.enable:
+        return
+
+    def where(name: str) -> str:
+        return provenance.get(("fault_tolerance", name), "default")
+
+    if ft.replica_id == -1 and environ.get("FT_REPLICA_ID", "") != "":
+        raw = environ["FT_REPLICA_ID"]
+        if not raw.isdigit():
+            raise ConfigError(
+                f"FT_REPLICA_ID={raw!r} is invalid: expected this replica group's id, "
+                f"an integer in [0, {ft.group_count})"
+            )
+        ft.replica_id = int(raw)
+        provenance[("fault_tolerance", "replica_id")] = "environment (FT_REPLICA_ID)"
+    if not ft.lighthouse and environ.get("FT_LIGHTHOUSE"):
+        ft.lighthouse = environ["FT_LIGHTHOUSE"]
+        provenance[("fault_tolerance", "lighthouse")] = "environment (FT_LIGHTHOUSE)"
+    if not 0 <= ft.replica_id < ft.group_count:
+        raise ConfigError(
+            f"{where('replica_id')}: [fault_tolerance] replica_id = {ft.replica_id} is "
+            f"invalid: expected an integer in [0, group_count = {ft.group_count}) (set it, or "
+            "FT_REPLICA_ID, for each replica group)"
+        )
+    if ft.min_replicas > ft.group_count:
+        raise ConfigError(
+            f"{where('min_replicas')}: [fault_tolerance] min_replicas = {ft.min_replicas} is "
+            f"invalid: expected at most group_count = {ft.group_count}"
+        )
+    host, _, port = ft.lighthouse.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(
+            f"{where('lighthouse')}: [fault_tolerance] lighthouse = {ft.lighthouse!r} is "
+            "invalid: expected host:port of the lighthouse (or FT_LIGHTHOUSE)"
+        )
+    if cfg.data.loader != "zephon":
+        raise ConfigError(
+            f"{provenance.get(('data', 'loader'), 'default')}: [data] loader = "
+            f"{cfg.data.loader!r} with fault tolerance: expected 'zephon' (only its lanes "
+            "can be dealt over the groups alive at each step; the hf baseline cannot)"
+        )
+    if cfg.parallelism.pipeline_parallel_degree > 1:
+        raise ConfigError(
+            "[parallelism] pipeline_parallel_degree > 1 with fault tolerance: expected 1 "
+            "(pipeline stages inside a replica group are not supported yet)"
+        )
+    if importlib.util.find_spec("torchft") is None:
+        raise ConfigError(
+            "[fault_tolerance] enable = true needs torchft, which is not installed: "
+            "pip install -e '.[ft]' (see docs/fault_tolerance.md)"
+        )
 
 
 def _one_micro_batch_size(cfg: JobConfig, provenance: dict[tuple[str, str], str]) -> None:

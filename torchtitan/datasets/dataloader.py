@@ -16,6 +16,7 @@ loader state, and rank 0 is one of them."""
 from __future__ import annotations
 
 import logging
+import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,7 @@ from torchtitan.datasets.coordinate_loader import batch_digest, one_loader_per_c
 from torchtitan.datasets.hf_adapter import HFBaselineAdapter
 from torchtitan.datasets.phase_timeline import DataTimeline, micro_rows
 from torchtitan.datasets.zephon_adapter import ZephonAdapter
+from torchtitan.distributed.replica_groups import OneGroup, ReplicaGroups
 from zephon import Layout, LayoutError, Recipe, global_batch_digest, load_recipe, resolve_layout
 
 logger = logging.getLogger("torchtitan")
@@ -51,13 +53,16 @@ class TrainDataLoader:
         dp_group: dist.ProcessGroup | None = None,
         coordinate_group: dist.ProcessGroup | None = None,
         device: torch.device | None = None,
+        groups: ReplicaGroups | None = None,
     ):
         """`dp_group`: the data-parallel ranks (None = the world); `coordinate_group`: the
         processes of this data-parallel coordinate (TP peers, pipeline stages),
         whose batches must agree; `device`: where the
-        collectives run (a CUDA device under NCCL)."""
+        collectives run (a CUDA device under NCCL); `groups`: the replica groups whose
+        ranks, with this group's, make up `dp_size` (fault tolerance; else one group)."""
         self.loader = loader
         self.dp_size = dp_size
+        self.groups: ReplicaGroups = groups or OneGroup()
         # The document gather_state made since the last batch (a checkpoint of this
         # step), reused when the next step changes the lane count.
         self._gathered: dict[str, Any] | None = None
@@ -75,6 +80,7 @@ class TrainDataLoader:
         dp_group: dist.ProcessGroup | None = None,
         coordinate_group: dist.ProcessGroup | None = None,
         device: torch.device | None = None,
+        groups: ReplicaGroups | None = None,
     ) -> TrainDataLoader:
         """The `[data]` loader at data-parallel coordinate `dp_rank` of `dp_size`;
         validation always reads with Zephon (the same batches at any size).
@@ -86,7 +92,7 @@ class TrainDataLoader:
         loader = one_loader_per_coordinate(
             lambda: LOADERS[kind](cfg, recipe, dp_rank, dp_size), coordinate_group, device
         )
-        return cls(loader, dp_size, dp_group, coordinate_group, device)
+        return cls(loader, dp_size, dp_group, coordinate_group, device, groups)
 
     @property
     def source_names(self) -> tuple[str, ...]:
@@ -127,7 +133,14 @@ class TrainDataLoader:
                     "changed a field) or their data-parallel coordinates disagree"
                 )
         parts = gather_digests(batch.digests, self.dp_group, self.device)
-        return global_batch_digest([d for part in parts for d in part])
+        mine = b"".join(d for part in parts for d in part)
+        groups = self.groups.gather_bytes(mine)
+        if groups is None:  # a replica group failed inside the step: it is made again
+            return ""
+        every = b"".join(groups)
+        return global_batch_digest(
+            [every[i : i + DIGEST_BYTES] for i in range(0, len(every), DIGEST_BYTES)]
+        )
 
     def bad_records_dropped(self) -> int | None:
         """Collective when the loader drops bad records: how many all ranks dropped
@@ -137,14 +150,21 @@ class TrainDataLoader:
             return None
         n = torch.tensor([mine], dtype=torch.int64, device=self.device)
         dist.all_reduce(n, group=self.dp_group)  # TP peers hold the same lanes: not counted
+        self.groups.sum_(n)
         return int(n.item())
 
     def gather_state(self) -> dict[str, Any] | None:
         """Collective: the loader state of all data-parallel ranks as one document
-        (on every rank); `dp_size` in it is the data-parallel size."""
-        states: list[Any] = [None] * self.dp_size
+        (on every rank); `dp_size` in it is the data-parallel size. With replica
+        groups, every group's ranks (in membership order); None when one of them
+        failed inside the step."""
+        states: list[Any] = [None] * dist.get_world_size(self.dp_group)
         dist.all_gather_object(states, self.loader.state_dict(), group=self.dp_group)
-        self._gathered = self.loader.merge_states(states)
+        groups = self.groups.gather_bytes(pickle.dumps(states))
+        if groups is None:
+            return None
+        every = [s for part in groups for s in pickle.loads(part)]
+        self._gathered = self.loader.merge_states(every)
         return self._gathered
 
     def check_resumable(self, doc: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ them without carrying the guard around.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from torchtitan.config.job_config import JobConfig
@@ -34,7 +35,7 @@ class JobGuard:
     def __init__(self, cfg: JobConfig, rank: int, world_size: int):
         global _current
         self.rank = rank
-        self.lock = DumpLock(cfg.job.dump_folder) if rank == 0 else None
+        self.lock = DumpLock(lock_folder(cfg)) if rank == 0 else None
         store = connect_store()
         on_tick = self.lock.renew if self.lock is not None else None
         on_exit = self.lock.release if self.lock is not None else None
@@ -93,6 +94,17 @@ class JobGuard:
             self.monitor.stop()
         if self.lock is not None:
             self.lock.release()
+
+
+def lock_folder(cfg: JobConfig) -> str:
+    """Where this job's dump-folder lock lives. Replica groups of a fault-tolerant run
+    share the dump folder (one checkpoint series, one metrics file), so each group
+    locks a folder of its own inside it: a second group started with the same
+    replica id is refused like a second job on one folder."""
+    ft = cfg.fault_tolerance
+    if not ft.enable:
+        return cfg.job.dump_folder
+    return os.path.join(cfg.job.dump_folder, "replica_groups", str(ft.replica_id))
 
 
 def fail_before_start(rank: int, exc: BaseException) -> int:

@@ -35,6 +35,7 @@ def test_defaults() -> None:
         "metrics",
         "validation",
         "data",
+        "fault_tolerance",
     }
 
 

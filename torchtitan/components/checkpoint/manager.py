@@ -268,6 +268,21 @@ class CheckpointManager:
         logger.info(f"saved checkpoint {path} in {time.perf_counter() - t0:.2f}s")
         return True
 
+    def save_and_verify(
+        self,
+        step: int,
+        loader_state: Callable[[], dict[str, Any] | None],
+        finite: bool,
+        loss: float | None,
+    ) -> tuple[str, float] | None:
+        """Collective: save `step`, wait for it and verify it (a stop's checkpoint);
+        (folder, seconds), or None when checkpoints are off or nothing was written."""
+        t0 = time.perf_counter()
+        if not self.cfg.enable or not self.save(step, loader_state, finite, wait=True, loss=loss):
+            return None
+        self.verify(step)
+        return self.step_dir(step), time.perf_counter() - t0
+
     def verify(self, step: int) -> None:
         """Collective: check the files of a step just written against its manifest
         (checksums split across the ranks); raises CheckpointError naming the file."""

@@ -1,0 +1,81 @@
+"""Live recovery (docs/fault_tolerance.md): two replica groups of one process under
+torchft's lighthouse; one group is killed (SIGKILL, every process) after step 3. The
+survivor goes on without a restart, makes the step in flight again with all the
+lanes, and every step's global batch equals the one of an ordinary run."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.faults import STEPS, Job, digests_ok, steps_logged, wait_for
+from harness.train import REPO, read_metrics
+
+pytest.importorskip("torchft")
+
+FT = {"fault_tolerance.enable": "true", "fault_tolerance.group_count": 2}
+
+
+def _lighthouse() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchtitan.runtime.lighthouse", "--port", "0",
+         "--host", "127.0.0.1", "--heartbeat-timeout-ms", "1500"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    assert "FT_LIGHTHOUSE=" in first, first
+    return proc, first.split("FT_LIGHTHOUSE=")[1].rstrip(")\n")
+
+
+def _both_trained(dump: Path) -> bool:
+    return steps_logged(dump) >= 1 and any(
+        r.get("replica_groups") == [0, 1] for r in read_metrics(dump).values()
+    )
+
+
+def test_a_lost_group_costs_one_step_and_the_survivor_keeps_every_batch(tmp_path: Path) -> None:
+    ref_dump = tmp_path / "ref"
+    ref = Job(ref_dump, nproc=2, name="ref")
+    assert ref.wait(240) == 0, ref.output()[-3000:]
+    want = read_metrics(ref_dump)
+
+    lighthouse, address = _lighthouse()
+    dump = tmp_path / "ft"
+    try:
+        groups = [
+            Job(dump, FT, nproc=1, name=f"group{k}",
+                env={"FT_LIGHTHOUSE": address, "FT_REPLICA_ID": str(k)})
+            for k in range(2)
+        ]  # fmt: skip
+        # Either group may start first (the other then joins, copying from it): kill
+        # group 1 once a step was trained by both.
+        assert wait_for(lambda: _both_trained(dump), groups[0], 180), groups[0].output()[-3000:]
+        survivor = groups[0].rank_pid(0)
+        groups[1].kill9()
+        assert groups[0].wait(180) == 0, groups[0].output()[-3000:]
+    finally:
+        lighthouse.terminate()
+        lighthouse.wait(10)
+
+    # Every step once, with the ordinary run's global batch: the step in flight was
+    # made again by the survivor alone, from every lane's state at its start.
+    assert digests_ok(dump, want) is None, digests_ok(dump, want)
+    got = read_metrics(dump)
+    for step in range(1, STEPS + 1):
+        assert got[step]["loss"] == pytest.approx(want[step]["loss"], rel=1e-5), step
+    out = groups[0].output()
+    recoveries = [line for line in out.splitlines() if "left at step" in line]
+    assert len(recoveries) == 1 and "group 1 left at step" in recoveries[0], out[-3000:]
+    redone = re.search(r"(\d+) steps? redone", recoveries[0])
+    assert "no step redone" in recoveries[0] or (redone and int(redone[1]) <= 1), recoveries
+    # The lanes followed the groups alive: 4 + 4 while both were, then all 8 on one.
+    held = [(r["replica_groups"], r["lanes_per_group"]) for _, r in sorted(got.items())]
+    assert ([0, 1], [4, 4]) in held and held[-1] == ([0], [8]), held
+    # The survivor never restarted: one start, and its rank-0 process stayed the same
+    # (it exited at the end, so its pid was read while it ran).
+    assert out.count("training steps 1..") == 1 and survivor is not None

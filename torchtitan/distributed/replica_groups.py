@@ -1,0 +1,280 @@
+"""Replica groups: the outermost data-parallel dimension, when it may change at any
+step (live recovery, docs/fault_tolerance.md, design §16).
+
+A replica group is one ordinary job (FSDP, TP inside); `TorchftGroups` joins it to
+the others through torchft: a lighthouse forms a quorum of the live groups at every
+step, the cross-group collectives run over the quorum, and a step commits only if
+every group finished it. `OneGroup` is the same seam for a job without fault
+tolerance, so the training loop has one shape and costs nothing extra.
+
+What a step sees is its `Membership`: how many groups take part and this group's
+place among them. Times the ranks inside a group, that gives the step's
+data-parallel ranks, over which the lanes are dealt (design §2).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Protocol
+
+import torch
+
+from torchtitan.config.job_config import ConfigError, FaultTolerance
+
+logger = logging.getLogger("torchtitan")
+
+
+@dataclass(frozen=True)
+class Membership:
+    """The replica groups of one step, as this group sees them. Two memberships are
+    equal when they give this group the same data-parallel coordinates."""
+
+    groups: int
+    """Replica groups taking part in the step."""
+    index: int
+    """This group's place among them (its participating rank), in [0, groups)."""
+    quorum: int = field(default=0, compare=False)
+    """The quorum's id: a new one after every membership change."""
+
+    def data_parallel(self, rank_in_group: int, ranks_per_group: int) -> tuple[int, int]:
+        """(data-parallel rank, data-parallel size) of a group's data-parallel rank for
+        this step: the groups in their order, each contributing its own ranks."""
+        return self.index * ranks_per_group + rank_in_group, self.groups * ranks_per_group
+
+
+class ReplicaGroups(Protocol):
+    """The cross-group side of a step, in the order the training loop calls it:
+    `begin_step`, then any number of `sum_` / `gather_bytes`, then `commit`."""
+
+    replica_id: int
+    may_change: bool
+    """Whether the membership may change between steps: then every step gathers the
+    state of every lane, so that any group can take over any lane."""
+
+    def begin_step(self) -> Membership:
+        """Join the step's quorum (this may copy state from a peer first)."""
+        ...
+
+    def sum_(self, tensor: torch.Tensor) -> None:
+        """Sum `tensor` in place over the step's groups. After a peer fails the
+        result is undefined and the step will not commit."""
+        ...
+
+    def sum_values(self, values: list[float]) -> list[float] | None:
+        """`values` summed over the step's groups (float64: exact for counts); None
+        when a peer failed (the step will not commit)."""
+        ...
+
+    def sum_tensors(self, tensors: list[torch.Tensor]) -> None:
+        """`sum_` of each tensor, in as few collectives as their dtypes allow."""
+        ...
+
+    def gather_bytes(self, payload: bytes) -> list[bytes] | None:
+        """Every group's payload, in membership order; None when a peer failed."""
+        ...
+
+    def commit(self) -> bool:
+        """Whether every group finished the step: only then may it be applied."""
+        ...
+
+    @property
+    def healed(self) -> bool:
+        """Whether the latest `begin_step` copied this group's state from a peer."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class OneGroup:
+    """No fault tolerance: one group, every step commits, nothing crosses groups."""
+
+    healed = False
+    replica_id = 0
+    may_change = False
+
+    def begin_step(self) -> Membership:
+        return Membership(1, 0)
+
+    def sum_(self, tensor: torch.Tensor) -> None:
+        pass
+
+    def sum_values(self, values: list[float]) -> list[float] | None:
+        return values
+
+    def sum_tensors(self, tensors: list[torch.Tensor]) -> None:
+        pass
+
+    def gather_bytes(self, payload: bytes) -> list[bytes] | None:
+        return [payload]
+
+    def commit(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+class TorchftGroups:
+    """This group's torchft Manager, one per process: each rank of a group reduces
+    with the same rank of the other groups (their shards match: every group has the
+    same mesh), and the group's rank 0 speaks to the lighthouse for all of them.
+
+    `save` / `load` are the state a joining group copies from a live peer at its
+    first quorum (model, optimizer, schedule, step, loader state: all of it)."""
+
+    may_change = True
+
+    def __init__(
+        self,
+        ft: FaultTolerance,
+        rank_in_group: int,
+        group_size: int,
+        device: torch.device,
+        save: Callable[[], dict[str, Any]],
+        load: Callable[[dict[str, Any]], None],
+        step: int,
+    ):
+        from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
+
+        self.device = device
+        self._healed = False
+        self._load = load
+        self.replica_id = ft.replica_id
+        step_timeout = timedelta(seconds=ft.step_timeout_s)
+        pg = (ProcessGroupNCCL if device.type == "cuda" else ProcessGroupGloo)(timeout=step_timeout)
+        try:
+            self.manager = Manager(
+                pg=pg,
+                load_state_dict=None,
+                state_dict=None,
+                min_replica_size=ft.min_replicas,
+                # Healing happens inside begin_step, before the step's batch is made,
+                # so a group that joins has the step's state and takes lanes at once.
+                use_async_quorum=False,
+                timeout=step_timeout,
+                quorum_timeout=timedelta(seconds=ft.quorum_timeout_s),
+                connect_timeout=timedelta(seconds=ft.connect_timeout_s),
+                rank=rank_in_group,
+                world_size=group_size,
+                store_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                store_port=int(os.environ["MASTER_PORT"]),
+                lighthouse_addr=_url(ft.lighthouse),
+                # Zero-padded so that the lighthouse's order of ids is their numeric order.
+                replica_id=f"{ft.replica_id:05d}",
+                # Every group builds the same initial model from the same seed (or
+                # loads the same checkpoint): no copy at step 0.
+                init_sync=False,
+            )
+        except Exception as exc:
+            raise ConfigError(_unreachable(ft, exc)) from exc
+        self._ft = ft
+        self.manager.register_state_dict_fn("trainer", self._on_load, save)
+        self.manager.load_state_dict({"step": step, "batches_committed": 0})
+
+    def _on_load(self, state: dict[str, Any]) -> None:
+        self._healed = True
+        self._load(state)
+
+    @property
+    def healed(self) -> bool:
+        return self._healed
+
+    def begin_step(self) -> Membership:
+        self._healed = False
+        try:
+            self.manager.start_quorum()
+        except Exception as exc:
+            if "connect" in str(exc).lower() or "lighthouse" in str(exc).lower():
+                raise ConfigError(_unreachable(self._ft, exc)) from exc
+            raise
+        if self.manager.errored() is not None:
+            # The quorum formed but the group's communicator or the copy from a peer
+            # failed: the step cannot commit; the next quorum tries again.
+            return Membership(max(self.manager.num_participants(), 1), 0, -1)
+        rank = self.manager.participating_rank()
+        if rank is None:  # not taking part (a spare above min_replicas): never here
+            raise RuntimeError(f"replica group {self.replica_id} is not in the quorum")
+        return Membership(self.manager.num_participants(), rank, self.manager._quorum_id)
+
+    def sum_(self, tensor: torch.Tensor) -> None:
+        from torch.distributed import ReduceOp
+
+        self.manager.allreduce(tensor, reduce_op=ReduceOp.SUM).wait()
+
+    def sum_values(self, values: list[float]) -> list[float] | None:
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        self.sum_(t)
+        return None if self.manager.errored() is not None else t.tolist()
+
+    @torch.no_grad()
+    def sum_tensors(self, tensors: list[torch.Tensor]) -> None:
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in tensors:
+            by_dtype.setdefault(t.dtype, []).append(t)
+        for same in by_dtype.values():
+            flat = torch.cat([t.reshape(-1) for t in same])
+            self.sum_(flat)
+            offset = 0
+            for t in same:
+                t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                offset += t.numel()
+
+    def gather_bytes(self, payload: bytes) -> list[bytes] | None:
+        from torch.distributed import ReduceOp
+
+        groups, index = self.manager.num_participants(), self.manager.participating_rank()
+        if index is None or self.manager.errored() is not None:
+            return None
+        lengths = torch.zeros(groups, dtype=torch.int64, device=self.device)
+        lengths[index] = len(payload)
+        self.manager.allreduce(lengths, reduce_op=ReduceOp.SUM).wait()
+        if self.manager.errored() is not None:
+            return None
+        sizes = [int(n) for n in lengths.tolist()]
+        table = torch.zeros((groups, max(sizes)), dtype=torch.uint8)
+        if payload:
+            table[index, : len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        table = table.to(self.device)
+        self.manager.allreduce(table, reduce_op=ReduceOp.SUM).wait()
+        if self.manager.errored() is not None:
+            return None
+        rows = table.cpu().numpy()
+        return [rows[g, : sizes[g]].tobytes() for g in range(groups)]
+
+    def commit(self) -> bool:
+        return bool(self.manager.should_commit())
+
+    def close(self) -> None:
+        self.manager.shutdown(wait=False)
+
+
+def _url(address: str) -> str:
+    return address if "://" in address else f"http://{address}"
+
+
+def _unreachable(ft: FaultTolerance, exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+    return (
+        f"[fault_tolerance] lighthouse = {ft.lighthouse!r}: not reachable within "
+        f"connect_timeout_s = {ft.connect_timeout_s:g} s ({first}); start it first "
+        "(python -m torchtitan.runtime.lighthouse) or fix the address"
+    )
+
+
+def replica_groups(
+    ft: FaultTolerance,
+    rank_in_group: int,
+    group_size: int,
+    device: torch.device,
+    save: Callable[[], dict[str, Any]],
+    load: Callable[[dict[str, Any]], None],
+    step: int,
+) -> ReplicaGroups:
+    """The job's replica groups: torchft's when fault tolerance is on, else one."""
+    if not ft.enable:
+        return OneGroup()
+    return TorchftGroups(ft, rank_in_group, group_size, device, save, load, step)
