@@ -125,7 +125,7 @@ class Trainer:
         )
         self.ckpt = CheckpointManager(
             cfg.checkpoint, cfg.job.dump_folder, self.model, self.optimizer, self.lr_scheduler,
-            boundaries=self.plan.boundaries(),
+            boundaries=self.plan.boundaries(), shared=cfg.fault_tolerance.enable,
         )  # fmt: skip
         self.divergence = DivergenceGuard(
             t.max_nonfinite_steps, t.loss_spike_factor, log=self.rank == 0

@@ -14,16 +14,18 @@ import pytest
 
 from harness.faults import STEPS, Job, digests_ok, steps_logged, wait_for
 from harness.train import REPO, read_metrics
+from torchtitan.distributed.utils import free_port
 
 pytest.importorskip("torchft")
 
 FT = {"fault_tolerance.enable": "true", "fault_tolerance.group_count": 2}
 
 
-def _lighthouse() -> tuple[subprocess.Popen[str], str]:
+def _lighthouse(min_replicas: int = 1) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "torchtitan.runtime.lighthouse", "--port", "0",
-         "--host", "127.0.0.1", "--heartbeat-timeout-ms", "1500"],
+         "--host", "127.0.0.1", "--heartbeat-timeout-ms", "1500",
+         "--min-replicas", str(min_replicas)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -79,3 +81,31 @@ def test_a_lost_group_costs_one_step_and_the_survivor_keeps_every_batch(tmp_path
     # The survivor never restarted: one start, and its rank-0 process stayed the same
     # (it exited at the end, so its pid was read while it ran).
     assert out.count("training steps 1..") == 1 and survivor is not None
+
+
+def test_an_unreachable_lighthouse_and_a_second_group_with_one_id_are_one_line_each(
+    tmp_path: Path,
+) -> None:
+    lighthouse, address = _lighthouse(min_replicas=2)  # the first group waits at its quorum
+    dump = tmp_path / "ft"
+    try:
+        first = Job(dump, FT, nproc=1, name="first",
+                    env={"FT_LIGHTHOUSE": address, "FT_REPLICA_ID": "0"})  # fmt: skip
+        assert wait_for(lambda: "training steps 1.." in first.output(), first, 120), first.output()
+        again = Job(dump, FT, nproc=1, name="again",
+                    env={"FT_LIGHTHOUSE": address, "FT_REPLICA_ID": "0"})  # fmt: skip
+        assert again.wait(120) == 2, again.output()[-3000:]
+        first.kill9()
+    finally:
+        lighthouse.terminate()
+        lighthouse.wait(10)
+    assert "replica_id = 0: a replica group with this id already runs" in again.output()
+    assert "Traceback" not in again.output()
+
+    # A lighthouse nobody serves: one line naming it, after the connect timeout, exit 2.
+    nobody = f"127.0.0.1:{free_port()}"
+    lost = Job(tmp_path / "lost", {**FT, "fault_tolerance.connect_timeout_s": 3}, nproc=1,
+               name="lost", env={"FT_LIGHTHOUSE": nobody, "FT_REPLICA_ID": "1"})  # fmt: skip
+    assert lost.wait(120) == 2, lost.output()[-3000:]
+    errors = [line for line in lost.output().splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"lighthouse = '{nobody}'" in errors[0], lost.output()[-3000:]

@@ -25,6 +25,7 @@ import elastic_resume_demo
 import elastic_scenarios
 import fault_injection
 import gpu_count_sensitivity
+import live_recovery
 import mesh_resume_matrix
 import mutation_report
 import phases_demo
@@ -53,6 +54,7 @@ PAGES: dict[str, Callable[[Any], str]] = {
     "elastic_scenarios": elastic_scenarios.report,
     "fault_injection": fault_injection.report,
     "gpu_count_sensitivity": gpu_count_sensitivity.markdown,
+    "live_recovery": live_recovery.page,
     "mesh_resume_matrix": mesh_resume_matrix.page,
     "mutation": mutation_report.page,
     "phases_demo": phases_demo.page,
@@ -97,6 +99,7 @@ QUOTED: dict[str, tuple[Any, Callable[[Any], str]]] = {
     "elastic_scenarios": (elastic_scenarios, elastic_scenarios.quoted_summary),
     "vlm_caption_probe": (vlm_caption_probe, vlm_caption_probe.table),
     "bench_images": (bench_images, bench_images.table),
+    "live_recovery": (live_recovery, live_recovery.summary),
 }
 
 

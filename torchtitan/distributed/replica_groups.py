@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 import torch
+import torch.distributed as dist
 
 from torchtitan.config.job_config import ConfigError, FaultTolerance
 
@@ -146,6 +147,7 @@ class TorchftGroups:
         self.replica_id = ft.replica_id
         step_timeout = timedelta(seconds=ft.step_timeout_s)
         pg = (ProcessGroupNCCL if device.type == "cuda" else ProcessGroupGloo)(timeout=step_timeout)
+        self._pg, self._dropped = pg, False
         try:
             self.manager = Manager(
                 pg=pg,
@@ -184,17 +186,44 @@ class TorchftGroups:
         return self._healed
 
     def begin_step(self) -> Membership:
-        self._healed = False
-        try:
-            self.manager.start_quorum()
-        except Exception as exc:
-            if "connect" in str(exc).lower() or "lighthouse" in str(exc).lower():
-                raise ConfigError(_unreachable(self._ft, exc)) from exc
-            raise
-        if self.manager.errored() is not None:
-            # The quorum formed but the group's communicator or the copy from a peer
-            # failed: the step cannot commit; the next quorum tries again.
-            return Membership(max(self.manager.num_participants(), 1), 0, -1)
+        """The step's quorum, once every rank of this group has it whole: a quorum
+        during which a peer failed (its communicator, or the copy of the state from
+        it) is asked again. A copy that reached only some of this group's ranks is
+        undone by asking for it again: every rank's step goes back to the one before,
+        so the next quorum copies to all of them."""
+        self._healed, self._dropped = False, False
+        half_copied = False
+        while True:
+            before = self.manager.current_step()
+            try:
+                self.manager.start_quorum()
+            except Exception as exc:
+                if "connect" in str(exc).lower() or "lighthouse" in str(exc).lower():
+                    raise ConfigError(_unreachable(self._ft, exc)) from exc
+                raise
+            ok, copied = self.manager.errored() is None, self._healed
+            # Over this group's ranks: all whole? all copied? any copy earlier (-1)?
+            flags = torch.tensor(
+                [float(ok), float(copied), -float(half_copied)], device=self.device
+            )
+            dist.all_reduce(flags, op=dist.ReduceOp.MIN)
+            all_ok, all_copied, any_earlier = flags.tolist()
+            if all_ok == 1:
+                if any_earlier == -1 and all_copied == 0:
+                    raise RuntimeError(
+                        f"replica group {self.replica_id}: a copy from a peer reached only "
+                        "some of its ranks and no peer is left to copy from again"
+                    )
+                break
+            half_copied = half_copied or self._healed
+            self._healed = False
+            self.manager.load_state_dict(
+                {"step": before, "batches_committed": self.manager.batches_committed()}
+            )
+            logger.warning(
+                f"replica group {self.replica_id}: the quorum broke as it formed "
+                f"({self.manager.errored() or 'on another rank of this group'}); asking again"
+            )
         rank = self.manager.participating_rank()
         if rank is None:  # not taking part (a spare above min_replicas): never here
             raise RuntimeError(f"replica group {self.replica_id} is not in the quorum")
@@ -204,6 +233,22 @@ class TorchftGroups:
         from torch.distributed import ReduceOp
 
         self.manager.allreduce(tensor, reduce_op=ReduceOp.SUM).wait()
+        self._drop_if_broken()
+
+    def _drop_if_broken(self) -> None:
+        """After a failed cross-group collective, drop this rank's communicator at once:
+        its peers then see the connection close instead of waiting out the timeout for
+        a message that will not come (gloo's ring: one lost group stalls the others).
+        The next quorum builds a new one."""
+        if self.manager.errored() is not None and not self._dropped:
+            self._dropped = True
+            try:
+                self._pg.abort()
+            except Exception as exc:  # already gone: nothing to drop
+                logger.debug(f"abort after a failed collective: {exc}")
+            # Whatever the next quorum's id, build the communicator again (torchft
+            # rebuilds it only when the id changes).
+            self.manager._quorum_id = -1
 
     def sum_values(self, values: list[float]) -> list[float] | None:
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
@@ -224,14 +269,13 @@ class TorchftGroups:
                 offset += t.numel()
 
     def gather_bytes(self, payload: bytes) -> list[bytes] | None:
-        from torch.distributed import ReduceOp
 
         groups, index = self.manager.num_participants(), self.manager.participating_rank()
         if index is None or self.manager.errored() is not None:
             return None
         lengths = torch.zeros(groups, dtype=torch.int64, device=self.device)
         lengths[index] = len(payload)
-        self.manager.allreduce(lengths, reduce_op=ReduceOp.SUM).wait()
+        self.sum_(lengths)
         if self.manager.errored() is not None:
             return None
         sizes = [int(n) for n in lengths.tolist()]
@@ -239,7 +283,7 @@ class TorchftGroups:
         if payload:
             table[index, : len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         table = table.to(self.device)
-        self.manager.allreduce(table, reduce_op=ReduceOp.SUM).wait()
+        self.sum_(table)
         if self.manager.errored() is not None:
             return None
         rows = table.cpu().numpy()

@@ -13,7 +13,7 @@ from typing import Any
 
 from torchtitan.config.job_config import JobConfig
 from torchtitan.runtime import failure, preemption
-from torchtitan.runtime.dump_lock import DumpLock
+from torchtitan.runtime.dump_lock import DumpFolderLocked, DumpLock
 from torchtitan.runtime.monitor import RankMonitor, connect_store
 from torchtitan.runtime.preemption import StopRequests
 
@@ -36,6 +36,8 @@ class JobGuard:
         global _current
         self.rank = rank
         self.lock = DumpLock(lock_folder(cfg)) if rank == 0 else None
+        ft = cfg.fault_tolerance
+        self.replica_id = ft.replica_id if ft.enable else None
         store = connect_store()
         on_tick = self.lock.renew if self.lock is not None else None
         on_exit = self.lock.release if self.lock is not None else None
@@ -58,7 +60,16 @@ class JobGuard:
         assert self.monitor is not None
         self.monitor.start()
         if self.lock is not None:
-            self.lock.acquire()
+            try:
+                self.lock.acquire()
+            except DumpFolderLocked as exc:
+                if self.replica_id is None:
+                    raise
+                raise DumpFolderLocked(
+                    f"[fault_tolerance] replica_id = {self.replica_id}: a replica group with "
+                    f"this id already runs on this dump folder (every group needs an id of its "
+                    f"own): {exc}"
+                ) from None
 
     def fail(self, exc: BaseException) -> int:
         """Report why this rank stops; returns its exit code."""

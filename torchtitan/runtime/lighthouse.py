@@ -26,8 +26,10 @@ def main(argv: list[str] | None = None) -> int:
         help="a group silent this long is left out of the next quorum",
     )  # fmt: skip
     ap.add_argument(
-        "--join-timeout-ms", type=int, default=10000,
-        help="how long a quorum waits for a live group that has not asked yet",
+        "--join-timeout-ms", type=int, default=30000,
+        help="how long a quorum waits for a live group that has not asked yet (one "
+        "starting, or one whose communicator is still forming): shorter lets groups "
+        "form a quorum without a live one",
     )  # fmt: skip
     ap.add_argument("--quorum-tick-ms", type=int, default=50)
     args = ap.parse_args(argv)

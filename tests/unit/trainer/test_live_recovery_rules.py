@@ -97,3 +97,18 @@ def test_the_environment_names_the_group_and_the_lighthouse(
     assert (ft.replica_id, ft.lighthouse) == (2, "10.0.0.5:29510")
     # Without fault tolerance the variables are ignored.
     assert load_job_config([]).fault_tolerance.replica_id == -1
+
+
+def test_fault_tolerance_without_torchft_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torchft" else real(name, *a)
+    )
+    monkeypatch.setenv("FT_REPLICA_ID", "0")
+    monkeypatch.setenv("FT_LIGHTHOUSE", "h:1")
+    with pytest.raises(
+        ConfigError, match=r"needs torchft, which is not installed: pip install -e '\.\[ft\]'"
+    ):
+        load_job_config(FT)

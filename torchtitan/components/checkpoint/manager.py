@@ -157,9 +157,12 @@ class CheckpointManager:
         optimizer: Any,
         lr_scheduler: Any,
         boundaries: Collection[int] = (),
+        shared: bool = False,
     ):
         """`boundaries`: steps after which a data phase starts; each is saved
-        whatever the interval, and never pruned."""
+        whatever the interval, and never pruned. `shared`: other jobs write into
+        this folder too (replica groups), so an unfinished save may be one in flight:
+        it is left alone (a resume never picks it)."""
         self.cfg = cfg
         self.boundaries = frozenset(boundaries)
         self._boundary_dirs: dict[str, bool] = {}
@@ -174,7 +177,7 @@ class CheckpointManager:
             # The background writer runs its collectives on a (CPU) group of its
             # own, so they never interleave with the training's collectives.
             self._async_pg = dist.new_group(backend="gloo")
-        if self.rank == 0 and cfg.enable:
+        if self.rank == 0 and cfg.enable and not shared:
             self._prune_incomplete()
 
     def _prune_incomplete(self) -> None:
