@@ -40,6 +40,10 @@ def _both_trained(dump: Path) -> bool:
     )
 
 
+def _alone_trained(dump: Path) -> bool:
+    return any(r.get("replica_groups") == [0] for r in read_metrics(dump).values())
+
+
 def test_a_lost_group_costs_one_step_and_the_survivor_keeps_every_batch(tmp_path: Path) -> None:
     ref_dump = tmp_path / "ref"
     ref = Job(ref_dump, nproc=2, name="ref")
@@ -59,6 +63,9 @@ def test_a_lost_group_costs_one_step_and_the_survivor_keeps_every_batch(tmp_path
         assert wait_for(lambda: _both_trained(dump), groups[0], 180), groups[0].output()[-3000:]
         survivor = groups[0].rank_pid(0)
         groups[1].kill9()
+        # Read again once the survivor trained alone: the same process, not a restart.
+        alone = wait_for(lambda: _alone_trained(dump), groups[0], 120)
+        after = groups[0].rank_pid(0)
         assert groups[0].wait(180) == 0, groups[0].output()[-3000:]
     finally:
         lighthouse.terminate()
@@ -78,9 +85,10 @@ def test_a_lost_group_costs_one_step_and_the_survivor_keeps_every_batch(tmp_path
     # The lanes followed the groups alive: 4 + 4 while both were, then all 8 on one.
     held = [(r["replica_groups"], r["lanes_per_group"]) for _, r in sorted(got.items())]
     assert ([0, 1], [4, 4]) in held and held[-1] == ([0], [8]), held
-    # The survivor never restarted: one start, and its rank-0 process stayed the same
-    # (it exited at the end, so its pid was read while it ran).
-    assert out.count("training steps 1..") == 1 and survivor is not None
+    # The survivor never restarted: one start, and its rank-0 process before the kill
+    # is the one that trained alone after it.
+    assert out.count("training steps 1..") == 1
+    assert alone and survivor is not None and after == survivor, (survivor, after)
 
 
 def test_an_unreachable_lighthouse_and_a_second_group_with_one_id_are_one_line_each(
