@@ -19,9 +19,9 @@ Bytes do not depend on the process: the same Pillow, the same calls
 thread (images/pixels/decode.py).
 
 The processes are plain `python -m zephon.images.decode_processes` children
-talking pickles over their stdin and stdout, one feeding thread each in the
-loader. Not multiprocessing: its "spawn" re-imports the launching program's
-main module in every child (the whole trainer, seconds and hundreds of MB),
+talking pickles over their stdin and stdout, a sending and a taking thread
+each in the loader, two tasks in each pipe (`DEPTH`). Not multiprocessing:
+its "spawn" re-imports the launching program's main module in every child (the whole trainer, seconds and hundreds of MB),
 and "fork" copies the locks of the loader's threads. They import only numpy,
 Pillow and zephon, are shared by every loader of the process with the same
 count (tests and the benchmark build many loaders), ignore SIGINT and SIGTERM
@@ -32,6 +32,7 @@ end when the loader's process does (end of their stdin). One that dies
 
 from __future__ import annotations
 
+import collections
 import os
 import pickle
 import queue
@@ -132,14 +133,25 @@ def serve() -> None:
 
 # -- the loader's side ------------------------------------------------------------------
 
+# Tasks in a decode process's pipe at once. The loader's threads that feed the
+# pipes need its GIL, which its other threads may hold for a switch interval
+# (5 ms) at a time: with one task in flight, a process idles from the end of
+# each task until its feeder runs again. With two, the next task is already in
+# its pipe, so the feeder has a whole task's time to send another.
+DEPTH = 2
+
 
 class DecodeProcesses:
-    """`count` decode processes and a thread feeding each; `submit` returns a Future."""
+    """`count` decode processes, a thread sending each its tasks and one taking its
+    results (in order: a process decodes its tasks one after another);
+    `submit` returns a Future."""
 
     def __init__(self, count: int):
         self._tasks: queue.SimpleQueue[tuple[Task, Future[TaskResult]] | None] = queue.SimpleQueue()
         self._procs: list[subprocess.Popen[bytes]] = []
         self.broken: str | None = None
+        self._closed = False
+        self._lock = threading.Lock()  # broken, and what is queued when it breaks
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])  # where `zephon` is importable from
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
@@ -152,52 +164,113 @@ class DecodeProcesses:
                 start_new_session=True,
             )
             self._procs.append(proc)
-            t = threading.Thread(target=self._feed, args=(proc,), name=f"zephon-feed-{i}")
-            t.daemon = True
-            t.start()
+            sent: collections.deque[Future[TaskResult]] = collections.deque()
+            room: queue.SimpleQueue[None] = queue.SimpleQueue()  # a token per free place
+            for _ in range(DEPTH):
+                room.put(None)
+            for target, role in ((self._send, "send"), (self._take, "take")):
+                t = threading.Thread(
+                    target=target, args=(proc, sent, room), name=f"zephon-{role}-{i}"
+                )
+                t.daemon = True
+                t.start()
 
     def submit(self, task: Task) -> Future[TaskResult]:
         future: Future[TaskResult] = Future()
-        if self.broken is not None:
-            future.set_exception(RuntimeError(self.broken))
-        else:
-            self._tasks.put((task, future))
+        with self._lock:
+            if self.broken is None:
+                self._tasks.put((task, future))
+                return future
+        future.set_exception(RuntimeError(self.broken))
         return future
 
-    def _feed(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdin is not None and proc.stdout is not None
+    def _send(
+        self,
+        proc: subprocess.Popen[bytes],
+        sent: collections.deque[Future[TaskResult]],
+        room: queue.SimpleQueue[None],
+    ) -> None:
+        """Tasks into the process's pipe, at most DEPTH not yet answered."""
+        assert proc.stdin is not None
         try:
             while True:
+                room.get()  # before taking a task: a full process leaves it to another
                 item = self._tasks.get()
                 if item is None:
                     return
                 task, future = item
                 if not future.set_running_or_notify_cancel():  # cancelled while queued
+                    room.put(None)
                     continue
+                sent.append(future)  # before the send: the answer may come at once
                 try:
                     _send(proc.stdin, task)
-                    out = _receive(proc.stdout)
-                except (EOFError, OSError):
-                    code = proc.poll()
-                    self.broken = (
-                        f"a zephon image decode process (pid {proc.pid}) died"
-                        f"{f' with status {code}' if code is not None else ''} "
-                        "(killed, or out of memory?); the loader cannot go on without it"
-                    )
-                    future.set_exception(RuntimeError(self.broken))
+                except OSError:  # the process is gone
+                    self._died(proc, sent)
                     return
-                if isinstance(out, Exception):
-                    future.set_exception(out)
-                else:
-                    future.set_result(out)
         finally:
             try:
                 proc.stdin.close()  # the process ends at the end of its input
             except OSError:
                 pass
 
+    def _take(
+        self,
+        proc: subprocess.Popen[bytes],
+        sent: collections.deque[Future[TaskResult]],
+        room: queue.SimpleQueue[None],
+    ) -> None:
+        """The process's answers, to the futures of its tasks in the order sent."""
+        assert proc.stdout is not None
+        while True:
+            try:
+                out = _receive(proc.stdout)
+            except (EOFError, OSError):
+                if sent or not self._closed:  # a close ends it with every task answered
+                    self._died(proc, sent)
+                return
+            future = sent.popleft()
+            room.put(None)
+            if isinstance(out, Exception):
+                future.set_exception(out)
+            else:
+                future.set_result(out)
+
+    def _died(
+        self, proc: subprocess.Popen[bytes], sent: collections.deque[Future[TaskResult]]
+    ) -> None:
+        """A process is gone: fail its tasks and every queued one, and later submits."""
+        try:
+            code = proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        failed = []
+        with self._lock:
+            if self.broken is None:
+                self.broken = (
+                    f"a zephon image decode process (pid {proc.pid}) died"
+                    f"{f' with status {code}' if code is not None else ''} "
+                    "(killed, or out of memory?); the loader cannot go on without it"
+                )
+            while True:  # the loader cannot go on: nothing queued waits forever
+                try:
+                    item = self._tasks.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    failed.append(item[1])
+                else:
+                    self._tasks.put(None)  # a close's: still ends a sender
+                    break
+            while sent:
+                failed.append(sent.popleft())
+        for future in failed:
+            if not future.done():
+                future.set_exception(RuntimeError(self.broken))
+
     def close(self) -> None:
         """End the processes once the tasks already submitted are done."""
+        self._closed = True
         for _ in self._procs:
             self._tasks.put(None)
 
