@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image
 
 from zephon.images.header import ImageHeader, open_image
+from zephon.images.header_scan import scan_header
 from zephon.images.pixels.decode import decode_image
 from zephon.images.pixels.patches import placeholder_count, to_patches
 from zephon.images.pixels.resize import resize, target_size
@@ -69,7 +70,12 @@ def _sizing(header: ImageHeader, spec: ImageSpec) -> ImageSizing:
 def size_image(data: bytes, name: str, spec: ImageSpec, keep_open: bool = False) -> ImageSizing:
     """What `prepare_image(data, ...)` will give and cost, from the header alone.
     Raises the ImageError prepare_image would raise for a bad header or a bomb.
-    keep_open: keep the opened image for `prepare_image(..., sizing)`."""
+    keep_open: keep the opened image for `prepare_image(..., sizing)`; without it,
+    a header that header_scan.py can read is not opened with Pillow."""
+    if not keep_open:
+        scanned = scan_header(data, name, spec.max_decoded_pixels)
+        if scanned is not None:
+            return _sizing(scanned, spec)
     image, header = open_image(data, name, spec.max_decoded_pixels)
     sizing = _sizing(header, spec)
     if keep_open:
