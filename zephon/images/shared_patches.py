@@ -30,8 +30,8 @@ import mmap
 import os
 import threading
 import weakref
-from dataclasses import dataclass
 from multiprocessing import resource_tracker
+from typing import NamedTuple
 
 import numpy as np
 
@@ -45,9 +45,9 @@ def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-@dataclass(frozen=True)
-class Slot:
-    """`nbytes` bytes at `offset` of shared memory segment `segment` (its name)."""
+class Slot(NamedTuple):
+    """`nbytes` bytes at `offset` of shared memory segment `segment` (its name).
+    A tuple: one is made per image, on the loader's busiest thread."""
 
     segment: str
     offset: int
@@ -76,15 +76,25 @@ class _Segment:
         self.starts = [0]
         self.ends = [nbytes]
         self.used = 0
+        self.rover = 0  # where the next search starts (after the last slot taken)
 
     def take(self, n: int) -> int | None:
-        for i, (a, b) in enumerate(zip(self.starts, self.ends, strict=True)):
+        """Next fit: the first free range of `n` bytes from where the last slot was
+        taken on, wrapping round. Slots are freed roughly in the order they were
+        taken, so the range after the last slot is mostly the free one, found at
+        once instead of after every small hole before it."""
+        count = len(self.starts)
+        first = max(0, bisect.bisect(self.starts, self.rover) - 1)
+        for k in range(count):
+            i = (first + k) % count
+            a, b = self.starts[i], self.ends[i]
             if b - a >= n:
                 if b - a == n:
                     del self.starts[i], self.ends[i]
                 else:
                     self.starts[i] = a + n
                 self.used += n
+                self.rover = a + n
                 return a
         return None
 

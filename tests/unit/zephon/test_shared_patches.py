@@ -34,9 +34,11 @@ def test_slots_never_overlap_and_a_dead_view_frees_its_slot_for_the_next_take():
         del views, v
         gc.collect()
         assert arena.used_bytes() == 1024
-        # a's and c's space joined with the free tail; b's bytes are untouched
-        again = arena.take(1000)
-        assert again.offset == a.offset and again.segment == a.segment
+        # c's space joined the free tail, taken next (the search goes on from the
+        # last slot taken: next fit), then a's; b's bytes are untouched
+        again = [arena.take(1000) for _ in range(3)]
+        assert [s.offset for s in again] == [c.offset, c.offset + 1024, a.offset]
+        assert {s.segment for s in again} == {a.segment}
         assert int(held.min()) == 2 and len(arena.segment_names()) == 1
     finally:
         arena.close()
