@@ -74,8 +74,11 @@ class ImageDoc:
     ):
         self.images, self.error = images, error
         self.original, self.removed = original, removed
-        self.longest = max((im.block for im in images), default=0)
-        self.patch_bytes = sum(im.patches.nbytes for im in images)
+        longest = patch_bytes = 0  # loops, not generators: one is made per document
+        for im in images:
+            longest = max(longest, im.block)
+            patch_bytes += im.patches.nbytes
+        self.longest, self.patch_bytes = longest, patch_bytes
 
 
 class ImageDocIds(np.ndarray):

@@ -284,24 +284,37 @@ class ImageWork:
     ) -> ImageDocIds:
         """The document's ids (BOS, segments in order, EOS) and its decoded images."""
         ids = self.ids
-        parts: list[Any] = [self._head]
-        images: list[DocImage] = []
-        at, k = len(self._head), 0
         pending = iter(decoded)
+        pieces: list[Any] = []  # per segment: its text's ids, or (image, its block's length)
+        n = len(self._head) + 1  # and EOS
+        k = 0
         for seg in doc.segments:
             if isinstance(seg, TextSegment):
-                parts.append(texts[k])
-                at += len(texts[k])
+                pieces.append(texts[k])
+                n += len(texts[k])
                 k += 1
-                continue
-            out, digest = next(pending)
-            block = np.full(out.num_tokens + 2, ids.pad, dtype=np.int32)
-            block[0], block[-1] = ids.start, ids.end
-            images.append(DocImage(at, out.num_tokens, out.grid, out.patches, digest, seg.name))
-            parts.append(block)
-            at += len(block)
-        parts.append([self.tok.eos_id])
-        flat = np.concatenate([np.asarray(p, dtype=np.int32) for p in parts])
+            else:
+                image = next(pending)
+                pieces.append((image, seg.name))
+                n += image[0].num_tokens + 2
+        # one array, filled in place: a document is a few pieces, each a slice
+        flat = np.empty(n, dtype=np.int32)
+        at = len(self._head)
+        flat[:at] = self._head
+        images: list[DocImage] = []
+        for piece in pieces:
+            if isinstance(piece, tuple):
+                (out, digest), name = piece
+                end = at + out.num_tokens + 2
+                flat[at] = ids.start
+                flat[at + 1 : end - 1] = ids.pad
+                flat[end - 1] = ids.end
+                images.append(DocImage(at, out.num_tokens, out.grid, out.patches, digest, name))
+            else:
+                end = at + len(piece)
+                flat[at:end] = piece
+            at = end
+        flat[at] = self.tok.eos_id
         return ImageDocIds.make(flat, ImageDoc(tuple(images)))
 
 
