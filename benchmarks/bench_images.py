@@ -34,16 +34,17 @@ a. pipeline: `ZephonLoader` over a captions recipe (8 lanes, best_fit, 32 rows
    bytes it held ahead (`lookahead_peak_bytes`) against the budget
    (`lookahead_bytes`), for the default budget and for a tight one
    (`--tight-budget-mib`);
-b. raw: the same images' bytes, held in memory, through the exact functions
-   the loader's workers call per image (zephon/images/work.py: `size_image`
-   when read, keeping the opened image, then `prepare_image` on it = decode +
-   resize + patchify, and `image_digest`,
-   the pixel hash of the batch digest) in a thread pool of `--workers` threads;
-   once more without `image_digest`, which prices the hash, and once on one
-   thread. (b) runs right before and right after each (a), and each round's
-   ratio a/b is of images/s against the mean of the two: this machine's speed
-   drifts by up to a quarter within minutes, which one (b) per round would
-   put into the ratio. The page gives the medians over rounds.
+b. plain loop: the same images' bytes, held in memory, through the exact
+   functions the loader's workers call per image (zephon/images/work.py:
+   `size_image` when read, keeping the opened image, then `prepare_image` on
+   it = decode + resize + patchify) in a thread pool of `--workers` threads,
+   and once on one thread (b');
+h. the plain loop and `image_digest`, the pixel hash the batch digest covers
+   (the pipeline pays it, the plain loop does not), in `--workers` threads.
+   (b) and (h) run right before and right after each (a), and each round's
+   ratios a/b and a/h are of images/s against the mean of the two: this
+   machine's speed drifts by up to a quarter within minutes, which one run
+   per round would put into the ratio. The page gives the medians over rounds.
 c. conventional: `webdataset.WebDataset` over the same shards in
    `torch.utils.data.DataLoader` worker processes (`--workers` of them, shards
    split between them), each sample through the same `prepare_image` and the
@@ -53,20 +54,22 @@ c. conventional: `webdataset.WebDataset` over the same shards in
 
 Then one more run of (a) with the stage profile on (`ZephonLoader(profile=True)`,
 zephon/stage_profile.py): its thread CPU per delivered image, split into the
-image work its workers do, which (b) does too (header plans when read; decode,
-resize, patches and pixel hash in the pool), and the pipeline's own (tar
+image work, which (h) does too (header plans when read; decode, resize,
+patches and pixel hash in the decode processes), and the pipeline's own (tar
 member reads, the captions' tokenizer calls, framing, planning, packing,
-assembling, hand-offs). On two cores that split is what sets the ratio a/b.
+assembling, hand-offs). On two cores that split, and the cores each side keeps
+busy, is what sets the ratios.
 
-Where the pixel hash is paid: the thread that decoded the image hashes it
-(`ImageWork._decode`, in the decode pool when workers >= 2), so it is part of
-(a)'s parallel work and of (b)'s first figure.
+Where the pixel hash is paid: the decode process that decoded the image
+hashes it (images/decode_processes.py; the worker's own thread with fewer than
+two workers), so it is part of (a)'s parallel work; (b) leaves it out, (h)
+has it.
 
 Writes the raw results (`--json`, default docs/results/bench_images.json),
 the table beside it (.md) and, for the committed results, the figures between
 the `bench_images` markers of docs/results.md (QUOTED_IN). `--quick` runs in seconds (small corpora,
-one round, one epoch); the default took about twenty minutes for web and
-thumbnails, and photos adds to that (`--corpora` picks some).
+one round, one epoch); the default takes about half an hour for the three
+corpora (`--corpora` picks some).
 
     .venv/bin/python benchmarks/bench_images.py [--quick] [--json PATH]
     .venv/bin/python benchmarks/bench_images.py --render docs/results/bench_images.json
@@ -413,6 +416,18 @@ def rate(r: dict[str, Any], key: str) -> float:
     return r[key] / r["wall_s"] if r["wall_s"] > 0 else 0.0
 
 
+# What a round's pipeline rates are divided by: the plain loop (b) and the plain
+# loop with the pixel hash (h), each the mean of the runs before and after the
+# pipeline; webdataset + DataLoader (c).
+REFERENCES = ("plain", "hashed", "conventional")
+
+
+def reference_rate(r: dict[str, Any], ref: str) -> float:
+    if ref == "conventional":
+        return rate(r["conventional"], "images")
+    return (rate(r[f"{ref}_before"], "images") + rate(r[f"{ref}_after"], "images")) / 2
+
+
 def cores_busy(r: dict[str, Any]) -> float:
     """A run's process CPU seconds (every thread of the process) per wall second."""
     return r["cpu_s"] / r["wall_s"] if r["wall_s"] > 0 else 0.0
@@ -466,17 +481,24 @@ def run_corpus(name: str, args: argparse.Namespace) -> dict[str, Any]:
     tight = args.tight_budget_mib << 20
     rounds: list[dict[str, Any]] = []
     raw_images(images[:50], spec, args.workers, True)  # warm imports and caches
+    n = args.workers
     for _ in range(args.rounds):
-        r: dict[str, Any] = {"raw_before": raw_images(images, spec, args.workers, True)}
-        r["pipeline"] = run_pipeline(recipe, corpus.seq_len, args.workers, budget, wanted)
-        r["raw_after"] = raw_images(images, spec, args.workers, True)
-        r["raw_no_digest"] = raw_images(images, spec, args.workers, False)
-        r["raw_1_thread"] = raw_images(images, spec, 1, True)
-        r["conventional"] = conventional(shards, spec, args.workers, corpus.seq_len)
-        raw = (rate(r["raw_before"], "images") + rate(r["raw_after"], "images")) / 2
+        r: dict[str, Any] = {
+            "plain_before": raw_images(images, spec, n, False),
+            "hashed_before": raw_images(images, spec, n, True),
+        }
+        r["pipeline"] = run_pipeline(recipe, corpus.seq_len, n, budget, wanted)
+        r["hashed_after"] = raw_images(images, spec, n, True)
+        r["plain_after"] = raw_images(images, spec, n, False)
+        r["plain_1_thread"] = raw_images(images, spec, 1, False)
+        r["conventional"] = conventional(shards, spec, n, corpus.seq_len)
         r["sustained"] = sustained(r["pipeline"])
-        r["ratio"] = rate(r["pipeline"], "images") / raw
-        r["ratio_sustained"] = r["sustained"]["images_s"] / raw
+        a, a_sustained = rate(r["pipeline"], "images"), r["sustained"]["images_s"]
+        r["ratios"] = {}
+        for ref in REFERENCES:
+            base = reference_rate(r, ref)
+            r["ratios"][ref] = a / base
+            r["ratios"][f"{ref}_sustained"] = a_sustained / base
         rounds.append(r)
     tight_run = run_pipeline(recipe, corpus.seq_len, args.workers, tight, count)
     profiled = run_pipeline(recipe, corpus.seq_len, args.workers, budget, wanted, profile=True)
@@ -487,37 +509,38 @@ def run_corpus(name: str, args: argparse.Namespace) -> dict[str, Any]:
     def med_of(values: Any) -> float:
         return statistics.median(list(values))
 
-    no_digest = med("raw_no_digest", "images")
-    raw_rates = [rate(r[k], "images") for r in rounds for k in ("raw_before", "raw_after")]
+    def bracket(kind: str) -> list[dict[str, Any]]:
+        return [r[f"{kind}_{when}"] for r in rounds for when in ("before", "after")]
+
     summary = {
         "pipeline_images_s": med("pipeline", "images"),
         "pipeline_sustained_images_s": med_of(r["sustained"]["images_s"] for r in rounds),
         "pipeline_first_batch_s": med_of(r["pipeline"]["first_batch_s"] for r in rounds),
         "pipeline_tokens_s": med("pipeline", "tokens"),
-        "raw_images_s": statistics.median(raw_rates),
-        "raw_no_digest_images_s": no_digest,
-        "raw_1_thread_images_s": med("raw_1_thread", "images"),
+        "plain_images_s": med_of(rate(x, "images") for x in bracket("plain")),
+        "hashed_images_s": med_of(rate(x, "images") for x in bracket("hashed")),
+        "plain_1_thread_images_s": med("plain_1_thread", "images"),
         "conventional_images_s": med("conventional", "images"),
         "conventional_tokens_s": med("conventional", "tokens"),
-        "ratio_pipeline_raw": med_of(r["ratio"] for r in rounds),
-        "ratio_sustained_raw": med_of(r["ratio_sustained"] for r in rounds),
-        "ratio_rounds": [r["ratio"] for r in rounds],
-        "ratio_sustained_rounds": [r["ratio_sustained"] for r in rounds],
-        "digest_share_of_raw": 1 - med("raw_after", "images") / no_digest if no_digest else 0.0,
+        # per reference: the median over rounds, and every round's
+        "ratios": {k: med_of(r["ratios"][k] for r in rounds) for k in rounds[0]["ratios"]},
+        "ratio_rounds": {k: [r["ratios"][k] for r in rounds] for k in rounds[0]["ratios"]},
+        # the hash's share of the plain loop and the hash: 1 - (h) / (b), per round
+        "digest_share": med_of(
+            1 - reference_rate(r, "hashed") / reference_rate(r, "plain") for r in rounds
+        ),
         # process CPU (all threads) over wall: the cores each kept busy
         "pipeline_cores_busy": med_of(cores_busy(r["pipeline"]) for r in rounds),
-        "raw_cores_busy": med_of(
-            cores_busy(r[k]) for r in rounds for k in ("raw_before", "raw_after")
-        ),
+        "plain_cores_busy": med_of(cores_busy(x) for x in bracket("plain")),
     }
     cpu_per_image = {
         "pipeline": per_image(profiled["profile"], profiled["images"]),
-        "raw_us": statistics.median(
-            1e6 * r[k]["cpu_s"] / r[k]["images"] for r in rounds for k in ("raw_before", "raw_after")
+        "plain_us": med_of(1e6 * x["cpu_s"] / x["images"] for x in bracket("plain")),
+        "hashed_us": med_of(1e6 * x["cpu_s"] / x["images"] for x in bracket("hashed")),
+        "plain_1_thread_us": med_of(
+            1e6 * r["plain_1_thread"]["cpu_s"] / r["plain_1_thread"]["images"] for r in rounds
         ),
-        "raw_1_thread_us": med_of(1e6 * r["raw_1_thread"]["cpu_s"] / r["raw_1_thread"]["images"]
-                                  for r in rounds),
-    }  # fmt: skip
+    }
     memory = {
         "default": {k: rounds[-1]["pipeline"][k] for k in MEMORY_KEYS},
         "tight": {k: tight_run[k] for k in MEMORY_KEYS},
@@ -548,7 +571,7 @@ def run_corpus(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 # What a profiled run's thread CPU per delivered image is spent on (µs): the image
 # work its workers do (the same calls as (b)), and the pipeline's own.
-IMAGE_WORK = ("header plans", "decode pool")
+IMAGE_WORK = ("header plans", "decoding")
 OWN = ("tar reads", "captions", "framing", "plan", "pack", "assemble", "other")
 
 
@@ -561,7 +584,7 @@ def per_image(profile: dict[str, Any], images: int) -> dict[str, float]:
 
     parts = {
         "header plans": image_on("plan"),  # read time, on the planning thread
-        "decode pool": image_on("zephon-decode"),  # decode, resize, patches, pixel hash
+        "decoding": image_on("zephon-decode"),  # decode, resize, patches, pixel hash
         "tar reads": cpu["read"] + cpu["parse"],
         "captions": cpu["tokenize"] + cpu["convert"],  # the tokenizer, its native pool too
         "framing": image_on("tokenize"),  # documents with images as id arrays
@@ -585,7 +608,7 @@ def _sizes(images: list[tuple[str, bytes]], spec: Any) -> list[tuple[int, int]]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
-        "title": "Image pipeline: Zephon against the raw image work and webdataset + DataLoader",
+        "title": "Image pipeline: Zephon against a plain decode loop and webdataset + DataLoader",
         "quick": args.quick,
         "corpora": {name: run_corpus(name, args) for name in args.corpora},
         "machine": {
@@ -617,19 +640,29 @@ def corpus_table(name: str, r: dict[str, Any]) -> str:
         f"{s['pipeline_tokens_s']:,.0f} |\n"
         f"| (a') the same, sustained (after the first fifth) "
         f"| {s['pipeline_sustained_images_s']:.0f} | |\n"
-        f"| (b) raw decode + resize + patchify + hash, {n} threads | {s['raw_images_s']:.0f} | |\n"
-        f"| (b') the same, 1 thread | {s['raw_1_thread_images_s']:.0f} | |\n"
+        f"| (b) plain loop: decode + resize + patchify, {n} threads "
+        f"| {s['plain_images_s']:.0f} | |\n"
+        f"| (b') the same, 1 thread | {s['plain_1_thread_images_s']:.0f} | |\n"
+        f"| (h) the plain loop and the batch digest's pixel hash, {n} threads "
+        f"| {s['hashed_images_s']:.0f} | |\n"
         f"| (c) webdataset + DataLoader ({n} processes) + greedy packing | "
         f"{s['conventional_images_s']:.0f} | {s['conventional_tokens_s']:,.0f} |\n"
-        f"| ratio a/b (a'/b), median of rounds | {s['ratio_pipeline_raw']:.2f} "
-        f"({s['ratio_sustained_raw']:.2f}) | |\n"
+        + "".join(
+            f"| ratio a/{ref} (a'/{ref}), median of rounds | {s['ratios'][key]:.2f} "
+            f"({s['ratios'][key + '_sustained']:.2f}) | |\n"
+            for ref, key in (("b", "plain"), ("h", "hashed"), ("c", "conventional"))
+        )
     )
 
 
-def cpu_table(r: dict[str, Any]) -> str:
-    """Thread CPU per delivered image of the profiled run, against the raw loop's."""
+def cpu_table(r: dict[str, Any], cpus: int) -> str:
+    """Thread CPU per delivered image of the profiled run, against the plain loop's."""
     c, run = r["cpu_per_image"], r["profiled_run"]
     p = c["pipeline"]
+
+    def cores(part: str) -> float:  # µs per delivered image -> CPU s per wall s
+        return p[part] * run["images"] / run["wall_s"] / 1e6
+
     head = [*IMAGE_WORK, "**image work**", *OWN, "**own**"]
     cells = [f"{p[k]:.0f}" for k in IMAGE_WORK] + [f"**{p['image work']:.0f}**"]
     cells += [f"{p[k]:.0f}" for k in OWN] + [f"**{p['own']:.0f}**"]
@@ -637,13 +670,17 @@ def cpu_table(r: dict[str, Any]) -> str:
         f"CPU per delivered image (µs of thread CPU; one more run of (a), profiled: "
         f"`ZephonLoader(profile=True)`; it decoded {run['images_decoded']:,} images to deliver "
         f"{run['images']:,}): the image work its workers do (header plans when "
-        "read; decode, resize, patches and pixel hash in the pool) and the pipeline's own "
+        "read; decode, resize, patches and pixel hash in the decode processes) and the pipeline's own "
         "(tar member reads, the captions' tokenizer calls, framing documents as id arrays, "
-        "the planner, packing, assembling batches, the rest: hand-offs and loops). The raw "
-        f"loop (b) spends {c['raw_us']:.0f} µs of CPU per image in "
-        f"{r['config']['workers']} threads, {c['raw_1_thread_us']:.0f} in one.\n\n"
+        "the planner, packing, assembling batches, the rest: hand-offs and loops). The plain "
+        f"loop (b) spends {c['plain_us']:.0f} µs of CPU per image in "
+        f"{r['config']['workers']} threads, {c['plain_1_thread_us']:.0f} in one; with the "
+        f"hash (h), {c['hashed_us']:.0f}.\n\n"
         "| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n"
-        "| " + " | ".join(cells) + " |"
+        "| " + " | ".join(cells) + " |\n\n"
+        f"Cores kept busy in that run (CPU s per wall s, {run['wall_s']:.1f} s): "
+        + ", ".join(f"{k} {cores(k):.2f}" for k in ("decoding", "header plans", "own"))
+        + f", of {cpus} CPUs."
     )
 
 
@@ -653,17 +690,18 @@ def table(doc: dict[str, Any]) -> str:
 
 
 def hash_share(r: dict[str, Any]) -> str:
-    """The pixel hash's share of the raw image work, or that it is within the noise:
-    smaller than the spread of the raw runs' rates (both brackets of every round)."""
-    share = r["summary"]["digest_share_of_raw"]
-    rates = [rate(x[k], "images") for x in r["rounds"] for k in ("raw_before", "raw_after")]
+    """The pixel hash's share of the plain loop with it, or that it is within the
+    noise: smaller than the spread of the plain loop's rates (both brackets of every
+    round)."""
+    share = r["summary"]["digest_share"]
+    rates = [rate(x[k], "images") for x in r["rounds"] for k in ("plain_before", "plain_after")]
     spread = (max(rates) - min(rates)) / statistics.median(rates)
     if share < spread:
         return (
-            f"within this run's noise ({100 * share:.1f}% of the raw image work, while the "
-            f"raw runs' rates spread by {100 * spread:.0f}%)"
+            f"within this run's noise ({100 * share:.1f}% of (h), while the plain loop's "
+            f"rates spread by {100 * spread:.0f}%)"
         )
-    return f"{100 * share:.1f}% of the raw image work"
+    return f"{100 * share:.1f}% of (h)"
 
 
 def page(doc: dict[str, Any]) -> str:
@@ -682,12 +720,10 @@ def page(doc: dict[str, Any]) -> str:
     ]
     for name, r in doc["corpora"].items():
         s, m, c = r["summary"], r["memory"], r["config"]
-        e = c.get("encoded_bytes")  # not in results written before the photos corpus
+        e = c["encoded_bytes"]
         files = (
             f"; files of {e['mean'] / 1e3:,.1f} KB on average, {e['min'] / 1e3:,.1f} to "
             f"{e['max'] / 1e3:,.1f} KB"
-            if e
-            else ""
         )
         lines += [
             f"## {name}: {c['what']}",
@@ -697,30 +733,27 @@ def page(doc: dict[str, Any]) -> str:
             f"decoded{files}), {c['image_settings']}.",
             "",
             corpus_table(name, r),
-            "- Ratios a/b by round (a'/b): "
-            + ", ".join(
-                f"{x:.2f} ({y:.2f})"
-                for x, y in zip(s["ratio_rounds"], s["ratio_sustained_rounds"], strict=True)
-            )
-            + ".",
-            f"- The pixel hash of the batch digest is paid by the worker that decoded the image "
-            f"(`ImageWork._decode`): {hash_share(r)}; {s['raw_no_digest_images_s']:.0f} "
-            "images/s without it.",
-            f"- Against one raw thread, a/b' = "
-            f"{s['pipeline_images_s'] / s['raw_1_thread_images_s']:.2f}; the conventional path "
-            f"(c) against the pipeline: {s['conventional_images_s'] / s['pipeline_images_s']:.2f}.",
             *(
-                [
-                    f"- Cores kept busy (process CPU s / wall s, every thread): the pipeline "
-                    f"{s['pipeline_cores_busy']:.2f} (its child process, construction to the "
-                    f"last step), the raw loop (b) {s['raw_cores_busy']:.2f}, of "
-                    f"{doc['machine']['cpus']} CPUs."
-                ]
-                if "pipeline_cores_busy" in s
-                else []
+                f"- Ratios a/{ref} by round (a'/{ref}): "
+                + ", ".join(
+                    f"{x:.2f} ({y:.2f})"
+                    for x, y in zip(
+                        s["ratio_rounds"][key], s["ratio_rounds"][f"{key}_sustained"], strict=True
+                    )
+                )
+                + "."
+                for ref, key in (("b", "plain"), ("h", "hashed"), ("c", "conventional"))
             ),
+            f"- The pixel hash of the batch digest is paid by the decode process that decoded "
+            f"the image: {hash_share(r)}.",
+            f"- Against one plain thread, a/b' = "
+            f"{s['pipeline_images_s'] / s['plain_1_thread_images_s']:.2f}.",
+            f"- Cores kept busy (process CPU s / wall s, every thread): the pipeline "
+            f"{s['pipeline_cores_busy']:.2f} (its child process and its decode processes, "
+            f"construction to the last step), the plain loop (b) {s['plain_cores_busy']:.2f}, "
+            f"of {doc['machine']['cpus']} CPUs.",
             "",
-            cpu_table(r),
+            cpu_table(r, doc["machine"]["cpus"]),
             "",
             "| lookahead budget | accounted peak | RSS before | RSS peak | RSS growth |",
             "|---|---|---|---|---|",
@@ -803,10 +836,11 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(doc, indent=2) + "\n")
     publish(out)
     for name, r in doc["corpora"].items():
-        s = r["summary"]
+        s = r["summary"]["ratios"]
         print(
-            f"RATIO {name} pipeline/raw = {s['ratio_pipeline_raw']:.3f} "
-            f"sustained {s['ratio_sustained_raw']:.3f}"
+            f"RATIO {name} pipeline/plain = {s['plain']:.3f} sustained {s['plain_sustained']:.3f}"
+            f"; /hashed {s['hashed']:.3f} ({s['hashed_sustained']:.3f})"
+            f"; /conventional {s['conventional']:.3f} ({s['conventional_sustained']:.3f})"
         )
     return 0
 
