@@ -89,6 +89,19 @@ def test_a_killed_decode_process_fails_the_call_saying_so_and_the_next_pool_work
         arena.close()
 
 
+def test_decode_processes_keep_freed_buffers_for_the_next_image(monkeypatch):
+    """glibc's malloc settings in each decode process's environment (the user's own win):
+    freed image buffers stay in the process instead of coming back as fresh pages."""
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "12345")
+    pool = DecodeProcesses(1)
+    try:
+        environ = Path(f"/proc/{pool._procs[0].pid}/environ").read_bytes().split(b"\0")
+        assert b"MALLOC_MMAP_THRESHOLD_=%d" % (32 << 20) in environ
+        assert b"MALLOC_TRIM_THRESHOLD_=12345" in environ
+    finally:
+        pool.close()
+
+
 def test_the_loaders_batches_hold_views_of_what_the_processes_wrote(tmp_path, tokenizer_path):
     """Two workers: images decoded in processes, one batch part per image, each a
     view of the shared memory the process wrote (no copy made to assemble the
