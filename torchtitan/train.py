@@ -29,6 +29,7 @@ from torchtitan.components.checkpoint.manager import (
 )
 from torchtitan.components.divergence import DivergenceGuard, clip_grads, fold_loss_into_grads
 from torchtitan.components.flops import model_flops_utilisation
+from torchtitan.components.garbage_collection import ScheduledCollection
 from torchtitan.components.group_steps import GroupSteps, data_parallel_sizes
 from torchtitan.components.initial_load import initial_model_args, load_initial
 from torchtitan.components.lr_scheduler import build_lr_scheduler, decay_window, lr_of_step
@@ -85,11 +86,7 @@ class Trainer:
         t = cfg.training
         dims = ParallelDims.from_config(cfg.parallelism, dist_info.world_size, dist_info.nodes)
         self.dp, self.rank, self.device = dims.dp, dist_info.rank, dist_info.device
-        if t.deterministic:
-            if self.device.type == "cuda":
-                os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.use_deterministic_algorithms(True)
-        torch.manual_seed(t.seed)
+        _seed(t, self.device)
 
         tok = load_tokenizer(cfg.data.tokenizer)
         self.spec = get_model_spec(cfg.model.name)
@@ -154,6 +151,7 @@ class Trainer:
             self.metrics = MetricsLogger.from_config(
                 cfg.metrics, cfg.job.dump_folder, cfg.to_dict()
             )
+        self.collections = ScheduledCollection(t.gc_every_steps)  # last: turns Python's off
 
     def _loader(self, recipe: str | None = None) -> TrainDataLoader:
         """This rank's loader at its data-parallel coordinate: its TP peers and
@@ -288,6 +286,7 @@ class Trainer:
                 self.group_steps.log.failed(self.step + 1, t0)
                 continue
             self.metrics = self.group_steps.committed(self.step, t0, self.metrics)
+            self.collections.after_step(self.step)
             if log_now:
                 self._log_step(batch, loss_sum, grad_norm, n_valid, t0, data_wait, digest)
             if stop and stops is not None and self.groups.may_change:
@@ -374,10 +373,20 @@ class Trainer:
             self.metrics.log_validation(self.step, loss)
 
     def close(self) -> None:
+        self.collections.close()
         self.groups.close()
         self.data.close()
         if self.metrics is not None:
             self.metrics.close()
+
+
+def _seed(t: Any, device: torch.device) -> None:
+    """torch's generator from training.seed; deterministic kernels if asked."""
+    if t.deterministic:
+        if device.type == "cuda":
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    torch.manual_seed(t.seed)
 
 
 def _plan_data(

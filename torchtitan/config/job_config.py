@@ -96,6 +96,11 @@ class Training:
     """A finite global loss above this many times the median loss of the last 32 applied
     steps is a spike, treated like a non-finite step; 0 turns spike tracking off (it
     costs one scalar all-reduce per step)."""
+    gc_every_steps: int = 50
+    """Python's garbage collection runs every this many steps (its young generations;
+    all of them every 20th time), the same steps on every rank, instead of whenever
+    allocations pass Python's threshold; 0 leaves it to Python
+    (torchtitan/components/garbage_collection.py)."""
 
 
 # The pipeline schedules of `torch.distributed.pipelining` the trainer offers: the
@@ -486,6 +491,7 @@ def _check_ranges(cfg: JobConfig, provenance: dict[tuple[str, str], str]) -> Non
         ("training", "steps", lambda v: v >= 0, "an integer >= 0 (0: initialise only)"),
         ("training", "max_norm", lambda v: v > 0, "a number > 0"),
         ("training", "max_nonfinite_steps", lambda v: v >= 1, "an integer >= 1"),
+        ("training", "gc_every_steps", lambda v: v >= 0, "0 (Python's own) or a positive integer"),
         ("training", "loss_spike_factor", lambda v: v == 0 or v > 1, "0 (off) or a number > 1"),
         (
             "parallelism",
