@@ -23,7 +23,8 @@ For each, side by side in one run, alternated for `--rounds`:
 a. pipeline: `ZephonLoader` over a captions recipe (8 lanes, best_fit, 32 rows
    a step, `--workers` workers, `on_exhausted = "repeat"`), from construction
    until it delivered `--epochs` times as many images as the corpus holds, in a
-   fresh child process each round; images/s and tokens/s delivered
+   fresh child process each round that runs Python's garbage collection as the
+   trainer does (`[training] gc_every_steps`); images/s and tokens/s delivered
    (non-padding input tokens of the rows), start to end and sustained: from
    the step by which a fifth of the images were delivered to the end, when the
    first batch (best_fit needs every lane's open bins filled before its first
@@ -281,9 +282,13 @@ def pipeline_child(
     process does nothing else. `profile`: with the stage profile (its snapshot kept)."""
     import torch  # noqa: F401  (the batches are torch tensors: a trainer has it loaded)
 
+    from torchtitan.components.garbage_collection import ScheduledCollection
+    from torchtitan.config.job_config import Training
     from zephon import ZephonLoader
 
     before = rss_bytes()
+    # Python's garbage collection as the trainer runs it ([training] gc_every_steps)
+    collections = ScheduledCollection(Training().gc_every_steps)
     cpu0, t0 = time.process_time(), time.perf_counter()
     loader = ZephonLoader(
         recipe, TOKENIZER, seq_len, GLOBAL_BATCH, num_workers=workers, prefetch=2,
@@ -296,6 +301,7 @@ def pipeline_child(
         while images < images_wanted:
             batch = loader.next_batch()
             steps += 1
+            collections.after_step(steps)
             if batch.images is not None:
                 images += batch.images.num_images
             tokens += int(batch.source_tokens.sum())  # padding excluded
@@ -308,6 +314,7 @@ def pipeline_child(
         work = stats["work"]
     finally:
         loader.close()
+        collections.close()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {
         "images": images, "tokens": tokens, "steps": steps, "wall_s": wall,
