@@ -153,3 +153,22 @@ def test_bench_images_quick(tmp_path: Path) -> None:
         assert f"corpus {name}: {cfg['images']:,} images" in proc.stdout
         assert 0 < s["pipeline_cores_busy"] and 0 < s["plain_cores_busy"], name
     assert out.with_suffix(".md").read_text().startswith(f"# {doc['title']}")
+
+
+def test_bench_image_work_quick(tmp_path: Path) -> None:
+    script = REPO / "benchmarks" / "bench_image_work.py"
+    out = tmp_path / "work.json"
+    cmd = [sys.executable, str(script), "--images", "24", "--decode-images", "24", "--rounds", "1"]
+    cmd += ["--work", str(tmp_path / "work"), "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    for name, h in doc["headers"].items():
+        # the generated JPEGs and PNGs are all plain enough for the scan
+        assert h["images"] == h["scanned"] == 24, name
+        assert h["pillow_us"] > 0 and h["scan_us"] > 0, name
+    assert set(doc["decode_process"]) == {"web", "photos"}
+    for name, d in doc["decode_process"].items():
+        for run in d.values():
+            assert run["images"] == 24 and run["cpu_us"] >= 0 and run["faults"] >= 0, name
+    assert out.with_suffix(".md").read_text() == proc.stdout

@@ -16,6 +16,7 @@ from typing import Any
 
 import bench_boundary
 import bench_grad_memory
+import bench_image_work
 import bench_images
 import bench_index
 import bench_loader_cpu
@@ -42,6 +43,7 @@ RESULTS = REPO / "docs" / "results"
 PAGES: dict[str, Callable[[Any], str]] = {
     "bench_boundary": bench_boundary.markdown,
     "bench_grad_memory": bench_grad_memory.page,
+    "bench_image_work": bench_image_work.page,
     "bench_images": bench_images.page,
     "bench_index": bench_index.markdown,
     "bench_loader_cpu": bench_loader_cpu.render,

@@ -144,10 +144,10 @@ DEPTH = 2
 # glibc's malloc in a decode process, as set through its environment. By default
 # it hands the freed buffers of one image back to the kernel (trimming the heap
 # top, unmapping large blocks), so the next image's buffers are fresh pages: on
-# the web scenes of benchmarks/bench_images.py, 390 page faults and 5.7 ms of
-# CPU an image in one decode process, against 12 and 4.7 ms with buffers up to
-# 32 MiB taken from the heap and up to 64 MiB of it kept free for the next
-# image (the benchmark's plain loop, in its own process, saw no such faults).
+# the web scenes, 220 page faults and 5.2 ms of CPU an image in one decode
+# process, against 17 and 4.7 ms with buffers up to 32 MiB taken from the heap
+# and up to 64 MiB of it kept free for the next image
+# (benchmarks/bench_image_work.py).
 MALLOC_SETTINGS = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
 
 
