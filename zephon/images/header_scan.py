@@ -4,8 +4,8 @@ The planner needs every image's size and pixel mode when the image is read
 (header.py). Pillow's open gives them, but it is Python under the loader's
 GIL, about 30 µs an image (a JPEG's quantisation tables are unpacked entry by
 entry; this scan takes 5, benchmarks/bench_image_work.py), paid again by the
-decode process that opens the same bytes to decode them. `scan_header` reads only what the sizing needs, and only from headers it
-understands completely:
+decode process that opens the same bytes to decode them. `scan_header` reads
+only what the sizing needs, and only from headers it understands completely:
 
 - JPEG: 8-bit baseline, extended or progressive frames (SOF0 to SOF2) of one
   or three components, segments up to the start of scan whole, quantisation
