@@ -21,8 +21,9 @@ thread (images/pixels/decode.py).
 The processes are plain `python -m zephon.images.decode_processes` children
 talking pickles over their stdin and stdout, a sending and a taking thread
 each in the loader, two tasks in each pipe (`DEPTH`). Not multiprocessing:
-its "spawn" re-imports the launching program's main module in every child (the whole trainer, seconds and hundreds of MB),
-and "fork" copies the locks of the loader's threads. They import only numpy,
+its "spawn" re-imports the launching program's main module in every child
+(the whole trainer, seconds and hundreds of MB), and "fork" copies the locks
+of the loader's threads. They import only numpy,
 Pillow and zephon, are shared by every loader of the process with the same
 count (tests and the benchmark build many loaders), ignore SIGINT and SIGTERM
 (a stop is the loader's to handle; they run in a session of their own) and
