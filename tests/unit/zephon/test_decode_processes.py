@@ -73,7 +73,9 @@ def test_a_bad_image_fails_its_document_only_naming_the_record():
 
 
 def test_a_killed_decode_process_fails_the_call_saying_so_and_the_next_pool_works():
-    pool = DecodeProcesses(1)
+    """The shared pool (`decode_processes`) with a killed process fails the calls it
+    holds, and the next ask for a pool of that size starts a new one that decodes."""
+    pool = decode_processes(1)
     arena = PatchArena()
     try:
         os.kill(pool._procs[0].pid, signal.SIGKILL)
@@ -84,6 +86,14 @@ def test_a_killed_decode_process_fails_the_call_saying_so_and_the_next_pool_work
         assert pool.broken is not None
         with pytest.raises(RuntimeError, match="died"):  # and every later call too
             _decode(pool, arena, [[(data, "a")]])
+        fresh = decode_processes(1)
+        assert fresh is not pool and fresh.broken is None
+        assert fresh._procs[0].pid != pool._procs[0].pid
+        results, _, _ = _decode(fresh, arena, [[(data, "a")]])
+        ((grid, tokens, _),) = results[0]
+        here = prepare_image(data, "a", SPEC)
+        assert (tuple(grid), tokens) == (here.grid, here.num_tokens)
+        assert decode_processes(1) is fresh  # a working pool is kept
     finally:
         pool.close()
         arena.close()

@@ -5,6 +5,7 @@ where anything is unusual or damaged, the scan leaves the file to Pillow."""
 from __future__ import annotations
 
 import io
+import zlib
 
 import numpy as np
 import pytest
@@ -137,3 +138,34 @@ def test_the_pixel_limit_is_left_to_pillows_wording():
     assert scan_header(data, "x", 37 * 21 - 1) is None
     with pytest.raises(ImageError, match="exceeds max_decoded_pixels"):
         open_image(data, "x", 37 * 21 - 1)
+
+
+def _png_with_filter_method(method: int) -> bytes:
+    """`png rgb` with IHDR's filter method byte set (checksum made right again)."""
+    data = bytearray(READ["png rgb"])
+    data[16 + 11] = method
+    data[29:33] = zlib.crc32(bytes(data[12:29])).to_bytes(4, "big")
+    return bytes(data)
+
+
+def _jpeg_with_precision(bits: int) -> bytes:
+    """`jpeg rgb` with its frame's sample precision set to `bits`."""
+    data = bytearray(READ["jpeg rgb"])
+    data[data.index(b"\xff\xc0") + 4] = bits
+    return bytes(data)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [_png_with_filter_method(1), _jpeg_with_precision(12)],
+    ids=["png filter 1", "jpeg 12-bit"],
+)
+def test_header_fields_pillow_refuses_are_left_to_it(data):
+    """A PNG filter method other than 0 and a JPEG sample precision other than 8
+    bits are refused by Pillow: the scan must not read a header from them."""
+    assert scan_header(data, "x", LIMIT) is None
+    with pytest.raises(ImageError, match="cannot read the"):
+        open_image(data, "x", LIMIT)
+    # the same files with the usual values are read
+    fixed = _png_with_filter_method(0) if data[:4] == b"\x89PNG" else _jpeg_with_precision(8)
+    assert _same_as_pillow(fixed)
