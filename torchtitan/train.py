@@ -53,6 +53,7 @@ from torchtitan.distributed.utils import DistInfo, exit_process, init_distribute
 from torchtitan.models import get_model_spec
 from torchtitan.runtime.agreement import StepAgreement, agree
 from torchtitan.runtime.guard import JobGuard, fail_before_start, set_phase, stop_requests
+from torchtitan.torch_compat import compile_problem, floor_message
 from zephon import load_tokenizer
 
 logger = logging.getLogger("torchtitan")
@@ -87,6 +88,8 @@ class Trainer:
         dims = ParallelDims.from_config(cfg.parallelism, dist_info.world_size, dist_info.nodes)
         self.dp, self.rank, self.device = dims.dp, dist_info.rank, dist_info.device
         _seed(t, self.device)
+        if t.compile and (why := compile_problem(self.device.type)):
+            raise ConfigError(why)  # before anything is built
 
         tok = load_tokenizer(cfg.data.tokenizer)
         self.spec = get_model_spec(cfg.model.name)
@@ -427,6 +430,9 @@ def _attention_impl(choice: str, device: torch.device) -> str:
 def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     _setup_logging(rank)
+    too_old = floor_message()
+    if too_old:  # (the launcher said it already; plain torchrun: rank 0 says it)
+        exit_process(fail_before_start(rank, ConfigError(too_old)))
     try:
         cfg = load_job_config(argv)
     except ConfigError as exc:

@@ -30,6 +30,7 @@ from torchtitan.datasets.hf_adapter import HFBaselineAdapter
 from torchtitan.datasets.phase_timeline import DataTimeline, micro_rows
 from torchtitan.datasets.zephon_adapter import ZephonAdapter
 from torchtitan.distributed.replica_groups import OneGroup, ReplicaGroups
+from torchtitan.torch_compat import all_gather_tensor
 from zephon import Layout, LayoutError, Recipe, global_batch_digest, load_recipe, resolve_layout
 
 logger = logging.getLogger("torchtitan")
@@ -239,7 +240,7 @@ def _all_gather(t: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tenso
     """``[group size, *t.shape]``: every member's ``t``, in group-rank order."""
     size = dist.get_world_size(group)
     out = torch.empty((size * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
-    dist.all_gather_single(out, t, group=group)
+    all_gather_tensor(out, t, group)
     return out.view(size, *t.shape)
 
 

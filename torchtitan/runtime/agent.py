@@ -23,13 +23,13 @@ checkpoint at whatever size the rendezvous gave it. On top of that:
 `install` swaps this class in for torchrun's (the launcher runs torchrun in its
 own process).
 
-What this relies on, as torch 2.13's torch/distributed/elastic implements it:
+What this relies on, as torch 2.11 to 2.13's torch/distributed/elastic implement it:
 - the job forms once MIN nodes joined and `last_call_timeout` passed (or MAX
   joined), within `join_timeout`; a node whose keep-alive stops is dropped after
   `keep_alive_interval` x `keep_alive_max_attempt`; the agent polls its workers
   and the waiting nodes every `--monitor-interval`;
 - a restart stops the workers with SIGTERM, then SIGKILL after
-  `--shutdown-timeout`; workers run in their own sessions, so a terminal's
+  `--shutdown-timeout` (2.13; 2.11 waits a fixed 30 s); workers run in their own sessions, so a terminal's
   Ctrl-C reaches only the launcher; torchrun re-installs its handlers for
   `--signals-to-handle` at every start (the launcher leaves it the stop
   signals);
@@ -248,13 +248,15 @@ class PolicyAgent(LocalElasticAgent):
         _running = True
         return super()._start_workers(worker_group)
 
-    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+    def _shutdown(self, *args: Any, **kwargs: Any) -> None:
+        # torch 2.11 calls it with (death_sig), 2.13 with (death_sig, timeout)
+        # (torch_compat.py): whatever torch passes goes on unchanged.
         global _running
         # Marked before any signal: the ranks must not take it for a preemption.
         with open(os.path.join(self._error_dir, preemption.AGENT_STOPPING), "w"):
             pass
         _running = False
-        super()._shutdown(death_sig, timeout)
+        super()._shutdown(*args, **kwargs)
 
 
 def install(error_dir: str) -> None:
