@@ -3,6 +3,8 @@
 #   NGPU=4 CONFIG_FILE=train_configs/llama3_debugmodel.toml ./run_train.sh --training.steps 10
 # NGPU: processes on this node (default: visible GPUs, or 2 CPU processes without a GPU).
 # CONFIG_FILE: job config (default train_configs/llama3_debugmodel.toml).
+# TORCHTITAN_DEVICE: auto (default: CUDA when torch sees a GPU), cuda or cpu. Checked
+# before any worker starts, with the job config (runtime/preflight.py).
 # Multi-node and elastic: NNODES=N or NNODES=MIN:MAX (e.g. 1:4), RDZV_ENDPOINT
 # (host:port of the rendezvous host, the same on every node) and optionally
 # RDZV_ID (default: slurm-$SLURM_JOB_ID under SLURM, else derived from
@@ -21,7 +23,10 @@ PYTHON=${PYTHON:-python}
 if [ -z "${VIRTUAL_ENV:-}" ] && [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; fi
 
 if [ -z "${NGPU:-}" ]; then
-  NGPU=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+  NGPU=0
+  if [ "${TORCHTITAN_DEVICE:-auto}" != cpu ]; then
+    NGPU=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+  fi
   [ "$NGPU" -gt 0 ] || NGPU=2
 fi
 CONFIG_FILE=${CONFIG_FILE:-train_configs/llama3_debugmodel.toml}

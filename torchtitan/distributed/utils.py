@@ -6,6 +6,7 @@ import datetime
 import os
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +32,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+DEVICE_ENV = "TORCHTITAN_DEVICE"
+DEVICE_CHOICES = ("auto", "cuda", "cpu")
+
+
+def device_setting(environ: Mapping[str, str] | None = None) -> str:
+    """`TORCHTITAN_DEVICE`: auto (CUDA when torch sees a GPU, else the CPU), cuda or cpu."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(DEVICE_ENV, "") or "auto"
+    if value not in DEVICE_CHOICES:
+        raise ValueError(f"{DEVICE_ENV}={value!r}: expected one of {', '.join(DEVICE_CHOICES)}")
+    return value
+
+
 def init_distributed(timeout_s: int = 600) -> DistInfo:
     """Join the process group torchrun set up (or a one-process group when run
-    directly with python). CUDA when visible, else CPU; the backend follows."""
+    directly with python). CUDA when visible (unless `TORCHTITAN_DEVICE=cpu`),
+    else CPU; the backend follows. The launcher checked the choice (preflight.py)."""
     if "RANK" not in os.environ:
         # A plain `python -m torchtitan.train`: a group of one on this host.
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -41,7 +56,7 @@ def init_distributed(timeout_s: int = 600) -> DistInfo:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
+    if device_setting() != "cpu" and torch.cuda.is_available():
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         backend = "nccl"

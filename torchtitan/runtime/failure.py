@@ -150,12 +150,13 @@ def format_record(rec: dict[str, Any], summary: bool = False) -> str:
     return f"error{' (' + ', '.join(tags) + ')' if tags else ''}: {rec['message']}"
 
 
-def report(rank: int, kind: str, message: str, monitor: Any = None) -> int:
-    """Record a failure of this rank; returns the exit code to use."""
+def report(rank: int, kind: str, message: str, monitor: Any = None, say_here: bool = True) -> int:
+    """Record a failure of this rank; returns the exit code to use. Without a
+    launcher the message is printed here, if `say_here` and no peer published it."""
     rec = record(rank, kind, message)
     wrote = write_record(rec)  # before publishing: peers exit as soon as they see it
     first = monitor.publish_failure(rec) if monitor is not None else True
-    if not wrote and first:
+    if not wrote and first and say_here:
         # No launcher to print it: say it here, once for the whole job.
         print(format_record(rec), file=sys.stderr, flush=True)
     return KINDS.get(kind, EXIT_CRASH)

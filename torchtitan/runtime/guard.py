@@ -120,8 +120,8 @@ def lock_folder(cfg: JobConfig) -> str:
 
 def fail_before_start(rank: int, exc: BaseException) -> int:
     """A failure before the process group and store exist (bad config): every
-    rank has the same input, so rank 0 alone reports it."""
+    rank has the same input, and every rank records it, since the launcher may stop
+    the others as soon as the first one exits (it prints one record of the same
+    message); without a launcher rank 0 alone prints it."""
     kind, message = failure.describe(exc)
-    if rank == 0:
-        failure.report(rank, kind, message, None)
-    return failure.KINDS[kind]
+    return failure.report(rank, kind, message, None, say_here=rank == 0)

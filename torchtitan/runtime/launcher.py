@@ -31,7 +31,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from torchtitan.runtime import failure, preemption
+from torchtitan.runtime import failure, preemption, preflight
+from torchtitan.torch_compat import floor_message, parse_torchrun_args
 
 
 def _records(folder: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
@@ -142,6 +143,20 @@ def report_rendezvous_lost(args: Any, exc: BaseException, formed: bool) -> int:
     return code
 
 
+def report_agent_failure(folder: str, exc: BaseException) -> int:
+    """The launcher's own failure, below the workers' if they had one (the worker's
+    error is then the first line and sets the exit status)."""
+    own, summary = _records(folder)
+    code = report_end(folder, {}) if own or summary or preemption.stop_records(folder) else None
+    what = failure.raised_at(exc)
+    if code is None:
+        print(f"error: the launcher failed: {what}", file=sys.stderr, flush=True)
+        return failure.EXIT_CRASH
+    print(f"(then the launcher failed while stopping the workers: {what})", file=sys.stderr,
+          flush=True)  # fmt: skip
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -150,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from torchtitan.runtime import agent
 
+    too_old = floor_message()
+    if too_old:
+        print(f"error: {too_old}", file=sys.stderr, flush=True)
+        return failure.EXIT_USER
     # run_train.sh quietens the launcher's C++ warnings; its workers get the user's level.
     user_level = os.environ.pop("TORCHTITAN_USER_CPP_LOG_LEVEL", None)
     if user_level == "unset":
@@ -161,13 +180,20 @@ def main(argv: list[str] | None = None) -> int:
     # A fresh store per rendezvous round (the agent's shared store keeps the keys
     # and the address of an earlier round across a restart).
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
+    args, ignored = parse_torchrun_args(sys.argv[1:] if argv is None else argv)
     args.signals_to_handle = "SIGHUP,SIGQUIT"  # the stop signals are ours
     try:
         agent.window_from_env()
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return failure.EXIT_USER
+    # Refused once here, before any worker starts: one line and exit 2 every time.
+    refused = preflight.problems(args)
+    if refused:
+        print(f"error: {refused[0]}", file=sys.stderr, flush=True)
+        return failure.EXIT_USER
+    for option in ignored:
+        agent.say(f"{option} ignored: this torch's torchrun has no such option")
     agent.install(folder)
     # torchrun's own reports repeat what report_failures and agent.say print; its
     # modules set their loggers' levels themselves, so each is quietened.
@@ -203,6 +229,10 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         return preemption.exit_code()
+    except Exception as exc:
+        # The agent's own code failed (in torch, or in agent.py), perhaps while it
+        # stopped workers that had failed first: their error stays the news.
+        return report_agent_failure(folder, exc)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
