@@ -156,7 +156,8 @@ def broadcast_worker(out: str) -> None:
         results.append({"rows": rows, "seq_len": seq, "cpu_s": cpu_s, "wall_s": wall_s,
                         "bytes": peer.work_done().get("received_bytes", 0) // (REPEATS + 1)})  # fmt: skip
     Path(out, f"bcast{rank}.json").write_text(json.dumps(results))
-    dist.destroy_process_group()
+    dist.barrier()
+    os._exit(0)  # no gloo teardown: it can abort a rank after collectives (exit_process)
 
 
 # -- the driver ---------------------------------------------------------------------------

@@ -10,6 +10,7 @@
 - `vlm`: a tiny vision-language model and the worker of its multi-process test;
 - `hf_llama`: tiny Hugging Face Llama models for the weight conversion tests;
 - `s3_server`: moto's S3 server and a proxy that fails a share of requests;
+- `spawned`: how a test's own spawned rank ends (no gloo teardown);
 - `hf_logits_harness`: run by torchrun (by path), not imported.
 """
 

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import REPO
+from helpers.spawned import leave_process_group
 from helpers.train import ensure_sample_data, metrics, ok, torchrun, torchrun_train
 
 from torchtitan.datasets.coordinate_loader import batch_digest, one_loader_per_coordinate
@@ -189,7 +190,7 @@ def _peer_main(rank: int, init_file: str, out: str) -> None:
         result["work"] = peer.work_done()
     finally:
         Path(out, f"peer{rank}.json").write_text(json.dumps(result))
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 def test_a_receiver_gets_every_field_and_the_loading_peers_error(tmp_path):

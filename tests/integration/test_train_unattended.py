@@ -25,6 +25,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from helpers import REPO
+from helpers.spawned import leave_process_group
 from helpers.train import checkpoint_state, copy_checkpoint, state_differences
 from torch.distributed.tensor import DTensor
 
@@ -169,7 +170,7 @@ def _agree_rank(rank: int, world: int, init_file: str, out: str) -> None:
         result = [quiet.__dict__, asked.__dict__, empty.__dict__, worker_group_id()]
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 def test_every_rank_agrees_on_the_stop_step_and_the_group_id(tmp_path):
