@@ -172,3 +172,30 @@ def test_bench_image_work_quick(tmp_path: Path) -> None:
         for run in d.values():
             assert run["images"] == 24 and run["cpu_us"] >= 0 and run["faults"] >= 0, name
     assert out.with_suffix(".md").read_text() == proc.stdout
+
+
+def test_bench_gpu_runs_its_cases_and_writes_its_page_on_cpu(tmp_path: Path) -> None:
+    """The GPU benchmark's path on 2 CPU processes (a GPU session runs the same code on
+    the 1B shape): the shape it reports is the one the trainer ran, whatever the
+    overrides say, and the page is its JSON rendered."""
+    import bench_gpu
+
+    ensure_sample_data()
+    out = tmp_path / "bench_gpu.json"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "bench_gpu.py"), "--cpu", "--cases",
+           "zephon", "--steps", "3", "--warmup", "1", "--out", str(out), "--",
+           "--training.seq_len", "128"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    (case,) = doc["cases"]
+    assert (case["case"], case["seq_len"], case["rows"], case["steps_measured"]) == (
+        "zephon",
+        128,
+        32,
+        2,
+    )
+    assert case["tokens_per_s"] > 0 and 0 <= case["data_wait_share"] < 1
+    assert case["matmul_mfu"] is None and case["upstream_mfu"] is None  # no GPU peak
+    assert out.with_suffix(".md").read_text() == bench_gpu.page(doc)
+    assert "| zephon | 32 x 128 |" in bench_gpu.page(doc)

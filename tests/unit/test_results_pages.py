@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_boundary
+import bench_gpu
 import bench_grad_memory
 import bench_image_work
 import bench_images
@@ -25,6 +26,7 @@ import bench_throughput
 import elastic_resume_demo
 import elastic_scenarios
 import fault_injection
+import gpu_checks
 import gpu_count_sensitivity
 import live_recovery
 import mesh_resume_matrix
@@ -42,6 +44,7 @@ RESULTS = REPO / "docs" / "results"
 
 PAGES: dict[str, Callable[[Any], str]] = {
     "bench_boundary": bench_boundary.markdown,
+    "bench_gpu": bench_gpu.page,
     "bench_grad_memory": bench_grad_memory.page,
     "bench_image_work": bench_image_work.page,
     "bench_images": bench_images.page,
@@ -55,6 +58,7 @@ PAGES: dict[str, Callable[[Any], str]] = {
     ),
     "elastic_scenarios": elastic_scenarios.report,
     "fault_injection": fault_injection.report,
+    "gpu_checks": gpu_checks.page,
     "gpu_count_sensitivity": gpu_count_sensitivity.markdown,
     "live_recovery": live_recovery.page,
     "mesh_resume_matrix": mesh_resume_matrix.page,
