@@ -14,13 +14,9 @@ HERE = Path(__file__).resolve().parent
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # A conftest's hook sees the whole session's items: mark only this folder's.
-    # They run one after another on one pytest worker (pyproject's `-n 2 --dist
-    # loadgroup`): each starts processes of its own, some wait on timeouts, and two
-    # at once would measure each other's load; the unit tests share the other worker.
     for item in items:
         if HERE in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.slow)
-            item.add_marker(pytest.mark.xdist_group("integration"))
 
 
 @pytest.fixture(scope="session")
