@@ -48,7 +48,7 @@ MEAN_BYTES = 7600
 CHILD = r"""
 import json, os, sys, time
 import numpy as np
-from zephon.recipe.spec import load_recipe
+from zephon import load_recipe
 from zephon.sources import SourceReader
 from zephon.sources import jsonl
 

@@ -63,10 +63,16 @@ from bench_pipeline import batch_tokens, loadavg, machine_info, script_module
 from bench_scale import make_corpus
 
 from harness.train import quote_in_page
-from zephon import Recipe, TokenizerInfo, ZephonLoader, load_recipe, load_tokenizer
-from zephon.sources import SourceReader
-from zephon.sources.gzipped import clear_chunk_cache
-from zephon.stage_profile import STAGES, per_token
+from zephon import (
+    STAGES,
+    Recipe,
+    TokenizerInfo,
+    ZephonLoader,
+    load_recipe,
+    load_tokenizer,
+    per_token,
+)
+from zephon.sources import SourceReader, clear_chunk_cache
 
 REPO = Path(__file__).resolve().parents[1]
 # The documentation page whose `<!-- NAME:begin/end -->` markers quote this benchmark's summary.

@@ -6,19 +6,24 @@ phases and the step -- never of the number of data-parallel ranks, worker
 threads, prefetch depth or micro-batch size.
 
 This module is the public face: the trainer, the scripts and the benchmarks
-import from here (and from the stage facades `zephon.images` and
-`zephon.sources`), never from a stage's internal modules, so those stay free
-to move (tests/unit/test_layering.py holds the trainer to it). The stages,
-one package each (docs/architecture.md):
+import from here (and from the stage facades `zephon.images`, `zephon.schema`
+and `zephon.sources`), never from a stage's internal modules, so those stay
+free to move (tests/unit/test_layering.py holds them to it; one benchmark,
+bench_image_work, times the image stage's own parts and is the exception it
+names). The stages, one package each, in the order data flows
+(docs/architecture.md, "Package order"):
 
-- recipe/:   the TOML spec, its phases over steps, the layout of lanes over ranks;
+- schema/:   what a recipe may say, as data, and strict TOML reading;
 - sources/:  one module per storage format behind the `Source` protocol, and
              the format registry;
-- lanes/:    which documents a lane reads, in what order, packed into rows;
-- demand/:   what to read and tokenize next, and the worker threads doing it;
+- recipe/:   a recipe file parsed, checked and resolved; its phases over steps,
+             the layout of lanes over ranks;
 - tokenize/: the tokenizer and long documents in pieces;
-- state/:    the checkpoint state, the flush log, restore, boundaries;
 - images/:   image-text documents; images/pixels/ is the pixel definition;
+- lanes/:    the rules of a lane: which documents, in what order, packed into rows;
+- demand/:   what to read and tokenize next, and the worker threads doing it;
+- state/:    the checkpoint state, the flush log, the lane-count deal;
+- streams/:  each lane running over the demand's feeds: restore, boundaries;
 - tools/:    the `zephon` command line.
 
 The names are imported on first use (PEP 562), so that importing one stage
@@ -48,12 +53,14 @@ _HOME = {
     "Layout": "zephon.recipe.layout",
     "lanes_of_rank": "zephon.recipe.layout",
     "resolve_layout": "zephon.recipe.layout",
+    "STAGES": "zephon.stage_profile",
+    "per_token": "zephon.stage_profile",
     "Phase": "zephon.recipe.phases",
     "PhaseTimeline": "zephon.recipe.phases",
     "resolve_phases": "zephon.recipe.phases",
-    "Recipe": "zephon.recipe.spec",
-    "SourceSpec": "zephon.recipe.spec",
-    "load_recipe": "zephon.recipe.spec",
+    "Recipe": "zephon.schema.recipe",
+    "SourceSpec": "zephon.schema.recipe",
+    "load_recipe": "zephon.recipe.load",
     "boundary_of": "zephon.state.checkpoint_state",
     "merge_rank_states": "zephon.state.checkpoint_state",
     "TokenizerInfo": "zephon.tokenize.tokenizer",
@@ -73,6 +80,7 @@ __all__ = [  # the names of _HOME
     "PhaseTimeline",
     "Recipe",
     "RecipeError",
+    "STAGES",
     "SourceSpec",
     "StateError",
     "TokenizerInfo",
@@ -85,6 +93,7 @@ __all__ = [  # the names of _HOME
     "load_recipe",
     "load_tokenizer",
     "merge_rank_states",
+    "per_token",
     "resolve_layout",
     "resolve_phases",
     "rows_digest",
@@ -113,8 +122,10 @@ if TYPE_CHECKING:  # what type checkers and editors see
     from zephon.files import atomic_write
     from zephon.loader import ZephonLoader
     from zephon.recipe.layout import Layout, lanes_of_rank, resolve_layout
+    from zephon.recipe.load import load_recipe
     from zephon.recipe.phases import Phase, PhaseTimeline, resolve_phases
-    from zephon.recipe.spec import Recipe, SourceSpec, load_recipe
+    from zephon.schema.recipe import Recipe, SourceSpec
+    from zephon.stage_profile import STAGES, per_token
     from zephon.state.checkpoint_state import boundary_of, merge_rank_states
     from zephon.tokenize.tokenizer import TokenizerInfo, load_tokenizer, tokenizer_file
     from zephon.tools.mixture_report import MixtureRow

@@ -27,18 +27,18 @@ from typing import Any
 
 import numpy as np
 
-from zephon.batch import Batch, rows_to_batch
-from zephon.demand.lookahead import DOC_COUNTS, TOKEN_COUNTS
+from zephon.batch import IGNORE_INDEX, Batch, rows_to_batch
+from zephon.demand.stats import DOC_COUNTS, TOKEN_COUNTS
 from zephon.digest import rows_digest
 from zephon.errors import StateError
 from zephon.images.assembly import BatchImages
-from zephon.lanes.lane import LaneStream
-from zephon.lanes.pipeline_context import PipelineContext
 from zephon.recipe.phases import PhaseTimeline, Segment
 from zephon.stage_profile import ASSEMBLE, NULL_CLOCK, OTHER, PACK, Clock, current
 from zephon.state.flush_log import FlushPoint
 from zephon.state.lane_count_deal import Record
-from zephon.state.segment_boundary import enter_segment
+from zephon.streams.context import PipelineContext
+from zephon.streams.lane import LaneStream
+from zephon.streams.segment_boundary import enter_segment
 
 END = object()  # the data ended (a `stop` source ran dry)
 BOUNDARY = object()  # a lane-count change this rank cannot cross alone
@@ -245,7 +245,8 @@ class BatchProducer:
                 }
         batch = rows_to_batch(self.produced_step, tokens, positions, digests)
         if images is not None:
-            images.finish(batch, tokens)
+            # (labels: a view of the tensor's memory, changed in place)
+            batch.images = images.finish(batch.labels.numpy(), tokens, IGNORE_INDEX)
         batch.source_tokens, batch.source_docs = by_source[0], by_source[1]
         batch.source_names = self.source_names
         batch.phase = phase.name

@@ -24,14 +24,14 @@ from typing import Any
 from zephon.batch import Batch
 from zephon.batch_production import BOUNDARY, END, BatchProducer
 from zephon.demand.executor import DemandExecutor
-from zephon.demand.lookahead import DEFAULT_LOOKAHEAD_BYTES, DOC_COUNTS, TOKEN_COUNTS
+from zephon.demand.lookahead import DEFAULT_LOOKAHEAD_BYTES
+from zephon.demand.stats import DOC_COUNTS, TOKEN_COUNTS
 from zephon.errors import StateError
-from zephon.lanes.lane import LaneStream, initial_snapshot
-from zephon.lanes.pipeline_context import build_context, open_sources
 from zephon.recipe.layout import Layout
+from zephon.recipe.load import load_recipe
 from zephon.recipe.phases import MicroBatch, Phase, Segment, resolve_phases
 from zephon.recipe.rank_timeline import RankTimeline
-from zephon.recipe.spec import Recipe, load_recipe
+from zephon.schema.recipe import Recipe
 from zephon.sources.bad_records import dropped_count, dropped_state, restore_dropped
 from zephon.stage_profile import StageProfile
 from zephon.state.checkpoint_state import (
@@ -43,7 +43,9 @@ from zephon.state.checkpoint_state import (
 )
 from zephon.state.flush_log import FlushLog, FlushPoint
 from zephon.state.lane_count_deal import Record
-from zephon.state.restore import resume_starts
+from zephon.streams.context import build_context, open_sources
+from zephon.streams.lane import LaneStream, initial_snapshot
+from zephon.streams.restore import resume_starts
 from zephon.tokenize.tokenizer import TokenizerInfo, resolve_tokenizer
 
 BLOCK_PREFETCH = (

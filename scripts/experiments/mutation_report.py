@@ -50,7 +50,7 @@ TARGET_SCORE = 0.90
 MODULES: dict[str, tuple[str, str]] = {
     "layout": ("zephon/recipe/layout.py", "zephon.recipe.layout.*"),
     "phases": ("zephon/recipe/phases.py", "zephon.recipe.phases.*"),
-    "boundary": ("zephon/state/segment_boundary.py", "zephon.state.segment_boundary.*"),
+    "boundary": ("zephon/streams/segment_boundary.py", "zephon.streams.segment_boundary.*"),
     "deal": ("zephon/state/lane_count_deal.py", "zephon.state.lane_count_deal.*"),
     "packing": ("zephon/lanes/packing.py", "zephon.lanes.packing.*"),
     "shuffle": ("zephon/lanes/shuffle.py", "zephon.lanes.shuffle.*"),

@@ -180,7 +180,7 @@ def test_image_corpus_reads_decodes_and_holds_out(
     corpus: Path, manifest: dict, tmp_path: Path
 ) -> None:
     from zephon.images import prepare_image
-    from zephon.recipe.spec import ImageSpec, SourceSpec
+    from zephon.schema.recipe import ImageSpec, SourceSpec
     from zephon.sources import SourceReader
 
     spec = ImageSpec()

@@ -191,7 +191,7 @@ def test_an_unknown_format_lists_the_registered_ones(
         load_recipe(recipe)
     known = ", ".join((*BUILTIN, "lines"))
     assert str(err.value) == (
-        f"{recipe}: source 'poems'.format: expected one of auto, {known}; got 'line'"
+        f"{recipe}:14: source 'poems'.format: expected one of auto, {known}; got 'line'"
     )
 
 

@@ -19,13 +19,12 @@ import json
 import math
 import os
 import sys
-import tomllib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from torchtitan.models import MODEL_NAMES
+from zephon.schema import KeyLines, did_you_mean, matches, read_toml
 
 
 class ConfigError(ValueError):
@@ -48,7 +47,8 @@ class Job:
 @dataclass
 class Model:
     name: str = "llama3"
-    """The model, a key of the registry in torchtitan/models/__init__.py."""
+    """The model, a key of the registry in torchtitan/models/__init__.py (checked
+    there: `check_model_name`)."""
     flavor: str = "debugmodel"
     """A flavor of the model (llama3: debugmodel, 1B, 8B; vlm: debugmodel, 1B), or
     "hf" (llama3): the shape of a Hugging Face config.json (``hf_config``, else
@@ -313,11 +313,6 @@ def _describe(tp: Any) -> str:
     }[tp]
 
 
-def _suggest(name: str, known: list[str], fmt: str = "{!r}") -> str:
-    close = difflib.get_close_matches(name, known, n=1)
-    return f"; did you mean {fmt.format(close[0])}?" if close else ""
-
-
 def _closest_schedule(name: str) -> str:
     """Case-blind: "1f1b" and "interleaved_1f1b" find their schedule."""
     folded = {s.lower(): s for s in PIPELINE_SCHEDULES}
@@ -345,30 +340,21 @@ def _convert(value: Any, tp: Any, from_cli: bool) -> Any:
         if from_cli and value.strip().lower() in _TRUE | _FALSE:
             return value.strip().lower() in _TRUE
         raise ValueError
-    if tp is int:
-        if from_cli:
-            return int(value)  # int() rejects "1.5" and "1e3"
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
+    if tp not in (int, float, str):
+        raise TypeError(f"unsupported config field type {tp!r}")
+    if from_cli:
+        return tp(value)  # int() rejects "1.5" and "1e3"
+    ok, value = matches(value, (tp,))  # TOML's types, as the recipe's tables take them
+    if not ok:
         raise ValueError
-    if tp is float:
-        if from_cli:
-            return float(value)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        raise ValueError
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ValueError
-    raise TypeError(f"unsupported config field type {tp!r}")
+    return value
 
 
 def _lookup_section(section: str, source: str) -> type:
     sections = _sections()
     if section not in sections:
         raise ConfigError(
-            f"{source}: unknown section [{section}]{_suggest(section, list(sections), '[{}]')} "
+            f"{source}: unknown section [{section}]{did_you_mean(section, list(sections), '[{}]')} "
             f"(known sections: {', '.join(sections)})"
         )
     return sections[section]
@@ -378,7 +364,7 @@ def _lookup_field(section: str, name: str, source: str) -> Any:
     types = _field_types(_lookup_section(section, source))
     if name not in types:
         raise ConfigError(
-            f"{source}: unknown field {name!r} in [{section}]{_suggest(name, list(types))} "
+            f"{source}: unknown field {name!r} in [{section}]{did_you_mean(name, list(types))} "
             f"(known fields: {', '.join(types)})"
         )
     return types[name]
@@ -407,32 +393,26 @@ def _set(
 # --------------------------------------------------------------------------- sources
 
 
-def _read_toml(path: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path!r} not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file {path!r} is a directory, expected a TOML file") from None
-    except OSError as e:
-        raise ConfigError(f"config file {path!r} cannot be read: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config file {path!r} is not valid TOML: {e}") from None
-
-
 def _apply_toml(
-    cfg: JobConfig, path: str, data: dict[str, Any], provenance: dict[tuple[str, str], str]
+    cfg: JobConfig,
+    path: str,
+    data: dict[str, Any],
+    lines: KeyLines,
+    provenance: dict[tuple[str, str], str],
 ) -> None:
-    source = f"config file {path!r}"
+    def source(section: str, name: str = "") -> str:
+        line = lines.get((section, name)) or lines.get((section, ""))
+        return f"config file {path!r}" + (f" (line {line})" if line else "")
+
     for section, table in data.items():
-        _lookup_section(section, source)
+        _lookup_section(section, source(section))
         if not isinstance(table, dict):
             raise ConfigError(
-                f"{source}: {section} = {table!r} is invalid: expected a table [{section}]"
+                f"{source('', section)}: {section} = {table!r} is invalid: expected a table "
+                f"[{section}]"
             )
         for name, value in table.items():
-            _set(cfg, section, name, value, source, provenance, from_cli=False)
+            _set(cfg, section, name, value, source(section, name), provenance, from_cli=False)
 
 
 def _parse_argv(argv: list[str]) -> list[tuple[str, str, str | None]]:
@@ -538,8 +518,6 @@ def _check_ranges(cfg: JobConfig, provenance: dict[tuple[str, str], str]) -> Non
         ("fault_tolerance", "quorum_timeout_s", lambda v: v > 0, "seconds > 0"),
         ("fault_tolerance", "step_timeout_s", lambda v: v > 0, "seconds > 0"),
     ]
-    known_models = ", ".join(repr(n) for n in MODEL_NAMES)
-    rules.append(("model", "name", lambda v: v in MODEL_NAMES, f"one of {known_models}"))
     for section, name, ok, expected in rules:
         value = getattr(getattr(cfg, section), name)
         if not ok(value):
@@ -592,7 +570,8 @@ def load_job_config(argv: list[str] | None = None) -> JobConfig:
                 raise ConfigError(f"command line ({flag}): --job.config_file needs a path")
             config_file = value
     if config_file:
-        _apply_toml(cfg, config_file, _read_toml(config_file), provenance)
+        data, lines = read_toml(config_file, ConfigError, "config file")
+        _apply_toml(cfg, config_file, data, lines, provenance)
 
     _apply_cli(cfg, overrides, provenance)
     cfg.job.config_file = config_file

@@ -17,16 +17,14 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from zephon.demand.stats import SchedulerStats
 from zephon.lanes.documents import BlockPart, LaneDocs
 from zephon.lanes.mixing import Mixer
 from zephon.sources.storage import is_remote
-
-if TYPE_CHECKING:
-    from zephon.demand.lookahead import SchedulerStats
 
 
 class Slot:

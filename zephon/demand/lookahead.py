@@ -13,54 +13,18 @@ restore or a boundary forgets every lane (`reset`). Plain data, no threads.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
 from zephon.demand.feeds import Feed, FeedStart, LaneDemand, Slot
 from zephon.demand.long_documents import LONG_CHARS, LongDocCache
+from zephon.demand.stats import SchedulerStats
 from zephon.images.budget import ImageBytes, held_bytes
 
 # The image byte budget per rank when none is set (images/budget.py).
 DEFAULT_LOOKAHEAD_BYTES = 512 << 20
-# The counts of SchedulerStats that make up documents and tokens "tokenized" in
-# all: by the tokenizer, pretokenized, and documents with images.
-DOC_COUNTS = ("docs_tokenized", "docs_pretokenized", "image_docs")
-TOKEN_COUNTS = ("tokens_tokenized", "tokens_pretokenized", "image_tokens")
-
-
-@dataclass(slots=True)
-class SchedulerStats:
-    """Counts of the scheduler's work since it started or was last reset."""
-
-    docs_tokenized: int = 0
-    tokens_tokenized: int = 0
-    chars_tokenized: int = 0
-    docs_pretokenized: int = 0
-    tokens_pretokenized: int = 0
-    read_calls: int = 0
-    docs_read: int = 0
-    encode_calls: int = 0
-    docs_from_cache: int = 0
-    tokens_from_cache: int = 0
-    lookahead_peak_tokens: int = 0
-    image_docs: int = 0  # documents of sources with images, made by the workers
-    image_tokens: int = 0  # their tokens (text and image blocks)
-    images_decoded: int = 0
-
-    def count_document(self, tokens: int, pretokenized: bool) -> None:
-        """One document read (pretokenized) or tokenized outside the planner's calls."""
-        if pretokenized:
-            self.docs_pretokenized += 1
-            self.tokens_pretokenized += tokens
-        else:
-            self.docs_tokenized += 1
-            self.tokens_tokenized += tokens
-
-    def tokens_per_doc(self) -> float:
-        """Average tokens of a tokenized document (256 before any)."""
-        return self.tokens_tokenized / self.docs_tokenized if self.docs_tokenized else 256
 
 
 class Lookahead:

@@ -46,7 +46,8 @@ from typing import NamedTuple, Protocol
 
 from zephon.demand.feeds import Feed, LaneDemand, Slot
 from zephon.demand.long_documents import LONG_CHARS, LongDocCache
-from zephon.demand.lookahead import DEFAULT_LOOKAHEAD_BYTES, Lookahead, SchedulerStats
+from zephon.demand.lookahead import DEFAULT_LOOKAHEAD_BYTES, Lookahead
+from zephon.demand.stats import SchedulerStats
 from zephon.lanes.documents import BlockPart
 
 

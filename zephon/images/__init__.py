@@ -15,7 +15,7 @@ Pure functions, no I/O beyond bytes in and arrays out, one job per module:
 decode, resize, patches and canary form the pixel definition (images/pixels/):
 changing any of them changes the bytes a model sees.
 
-Settings come from the recipe's [image] table (zephon.recipe.spec.ImageSpec).
+Settings come from the recipe's [image] table (zephon.schema.recipe.ImageSpec).
 """
 
 from zephon.images.batch import ImageBatch

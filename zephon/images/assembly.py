@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from zephon.batch import IGNORE_INDEX, Batch
 from zephon.images.batch import ImageBatch
 from zephon.images.documents import DocImage
 
@@ -60,14 +59,14 @@ class BatchImages:
             h.update(image.digest)
         return h.digest()
 
-    def finish(self, batch: Batch, tokens: np.ndarray) -> None:
-        """Ignore the labels whose targets are image tokens and attach the images
-        (`tokens`: the rows as packed, seq_len + 1 each)."""
-        labels = batch.labels.numpy()  # shares memory with the tensor
-        labels[np.isin(tokens[:, 1:], self.token_ids)] = IGNORE_INDEX
+    def finish(self, labels: np.ndarray, tokens: np.ndarray, ignore: int) -> ImageBatch | None:
+        """Set to `ignore` the labels whose targets are image tokens (`labels`: the
+        batch's, written in place; `tokens`: the rows as packed, seq_len + 1 each);
+        the step's images, or None when its rows hold none."""
+        labels[np.isin(tokens[:, 1:], self.token_ids)] = ignore
         if not self.images:
-            return
-        batch.images = ImageBatch.from_numpy(
+            return None
+        return ImageBatch.from_numpy(
             [im.patches for im in self.images],  # views: no pixel is copied here
             np.array([im.grid for im in self.images], dtype=np.int64),
             np.array(self.rows, dtype=np.int64),

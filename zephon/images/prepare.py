@@ -23,7 +23,7 @@ from zephon.images.header_scan import scan_header
 from zephon.images.pixels.decode import decode_image
 from zephon.images.pixels.patches import placeholder_count, to_patches
 from zephon.images.pixels.resize import resize, target_size
-from zephon.recipe.spec import ImageSpec
+from zephon.schema.recipe import ImageSpec
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from zephon.errors import RecipeError
-from zephon.recipe.spec import ImageSpec
+from zephon.schema.recipe import ImageSpec
 
 # Ids appended after the tokenizer's vocabulary when the recipe names no image tokens.
 APPENDED_TOKENS = 3

@@ -45,7 +45,7 @@ from zephon.images.documents import DocImage, ImageDoc, ImageDocIds, bad_documen
 from zephon.images.prepare import ImagePatches, ImageSizing, prepare_image, size_image
 from zephon.images.shared_patches import PatchArena, Slot
 from zephon.images.tokens import ImageTokenIds, image_token_ids
-from zephon.recipe.spec import ImageSpec
+from zephon.schema.recipe import ImageSpec
 from zephon.sources.bad_records import DroppingReader
 from zephon.sources.multimodal import ImageSegment, MultimodalDoc, TextSegment
 from zephon.stage_profile import IMAGE, NULL_CLOCK, StageProfile

@@ -28,7 +28,7 @@ from functools import cached_property
 
 from zephon.errors import LayoutError, RecipeError
 from zephon.recipe.layout import Layout, resolve_layout
-from zephon.recipe.spec import Recipe
+from zephon.schema.recipe import Recipe
 
 NEVER = sys.maxsize  # a step no batch of the segment reaches
 

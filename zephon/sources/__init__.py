@@ -16,6 +16,7 @@ from zephon.sources.formats import (
     register_format,
     unregister_format,
 )
+from zephon.sources.gzipped import clear_chunk_cache
 from zephon.sources.part import SourcePart
 from zephon.sources.reader import SourceReader
 
@@ -23,6 +24,7 @@ __all__ = [
     "SourceFormat",
     "SourcePart",
     "SourceReader",
+    "clear_chunk_cache",
     "default_cache_dir",
     "format_names",
     "get_format",

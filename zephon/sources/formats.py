@@ -6,7 +6,7 @@ or per loaded dataset), and the few facts the recipe checks before any file is
 opened: the file name endings `format = "auto"` recognises, whether its paths
 are folders, whether its records may hold images, whether it reads remote URLs.
 The module of a format ends with one `register_format(SourceFormat(...))` call; the
-recipe (zephon/recipe/spec.py) and the SourceReader (reader.py) ask this module,
+recipe (zephon/recipe/check.py, resolve.py) and the SourceReader (reader.py) ask this module,
 never a list of their own. docs/adding_a_source_format.md walks through adding one.
 
 The built-in formats' modules are imported at the end of this module, in the
@@ -20,19 +20,16 @@ import importlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from zephon.schema.recipe import SourceSpec
 from zephon.sources.part import SourcePart
 from zephon.sources.storage import ByteObject
-
-if TYPE_CHECKING:
-    from zephon.recipe.spec import SourceSpec
 
 # (source spec, its files, cache folder) -> its parts, in document order. `files`
 # holds one byte object per path of the source, in the recipe's order, opened
 # through storage.py (local, or remote by ranged reads); for a folder format,
 # each is the folder. The cache folder is for derived metadata (indexes).
-OpenParts = Callable[["SourceSpec", list[ByteObject], str], Sequence[SourcePart]]
+OpenParts = Callable[[SourceSpec, list[ByteObject], str], Sequence[SourcePart]]
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from zephon.errors import DataError
-from zephon.recipe.spec import SourceSpec
+from zephon.schema.recipe import SourceSpec
 from zephon.sources.formats import SourceFormat, register_format
 from zephon.sources.multimodal import TableRecords
 from zephon.sources.part import SourcePart

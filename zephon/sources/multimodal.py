@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon.errors import DataError
-from zephon.recipe.spec import SourceSpec
+from zephon.schema.recipe import SourceSpec
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from zephon.errors import DataError
-from zephon.recipe.spec import SourceSpec
+from zephon.schema.recipe import SourceSpec
 from zephon.sources.cache import default_cache_dir
 from zephon.sources.content import source_fingerprints
 from zephon.sources.formats import get_format, one_of, registered_formats

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from zephon.errors import DataError
-from zephon.recipe.spec import SourceSpec
+from zephon.schema.recipe import SourceSpec
 from zephon.sources.formats import SourceFormat, register_format
 from zephon.sources.part import SourcePart
 from zephon.sources.storage import ByteObject, is_remote, open_object

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from zephon.errors import DataError
-from zephon.recipe.spec import SourceSpec
+from zephon.schema.recipe import SourceSpec
 
 Where = str | Callable[[], str]
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from zephon.errors import DataError
 from zephon.files import atomic_file
-from zephon.recipe.spec import WDS_IMAGE_EXTS, SourceSpec
+from zephon.schema.recipe import WDS_IMAGE_EXTS, SourceSpec
 from zephon.sources.cache import build_once, cache_key
 from zephon.sources.formats import SourceFormat, register_format
 from zephon.sources.multimodal import ImageSegment, MultimodalDoc, TextSegment

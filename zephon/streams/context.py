@@ -24,7 +24,7 @@ from zephon.lanes.documents import LaneDocs, ShuffledLaneDocs
 from zephon.lanes.packing import held_rows
 from zephon.lanes.shuffle import SourceShuffle
 from zephon.recipe.phases import Segment, SegmentSteps
-from zephon.recipe.spec import Recipe
+from zephon.schema.recipe import Recipe
 from zephon.sources import SourceReader
 from zephon.sources.bad_records import with_policy
 from zephon.stage_profile import StageProfile

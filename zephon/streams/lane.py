@@ -42,10 +42,10 @@ from zephon.images.documents import (
 from zephon.lanes.documents import LaneDocs
 from zephon.lanes.mixing import Mixer
 from zephon.lanes.packing import BestFitPacker, Carry, ConcatPacker, Piece, RowBuilder
-from zephon.lanes.pipeline_context import PipelineContext
 from zephon.recipe.phases import Segment
-from zephon.recipe.spec import Recipe
+from zephon.schema.recipe import Recipe
 from zephon.sources.bad_records import DroppingReader
+from zephon.streams.context import PipelineContext
 
 
 class SourceCursor:

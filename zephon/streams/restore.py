@@ -22,11 +22,11 @@ from collections.abc import Callable
 from typing import Any
 
 from zephon.errors import StateError
-from zephon.lanes.pipeline_context import PipelineContext
 from zephon.recipe.phases import PhaseTimeline, Segment
 from zephon.state.flush_log import FlushPoint, restore_points
 from zephon.state.lane_count_deal import Record
-from zephon.state.segment_boundary import enter_segment
+from zephon.streams.context import PipelineContext
+from zephon.streams.segment_boundary import enter_segment
 
 Starts = dict[int, tuple[FlushPoint, int]]
 

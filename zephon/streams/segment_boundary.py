@@ -20,10 +20,10 @@ from __future__ import annotations
 from typing import Any
 
 from zephon.errors import StateError
-from zephon.lanes.pipeline_context import PipelineContext
 from zephon.recipe.phases import Segment
 from zephon.state.flush_log import FlushPoint
 from zephon.state.lane_count_deal import Record, deal_source
+from zephon.streams.context import PipelineContext
 
 
 def _zero(ctx: PipelineContext) -> dict[str, int]:

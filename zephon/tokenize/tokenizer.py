@@ -21,7 +21,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from zephon.errors import DataError, ZephonError
-from zephon.recipe.spec import SourceSpec
+from zephon.schema.recipe import SourceSpec
 
 EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>")
 PAD_CANDIDATES = ("<|pad|>", "<pad>", "[PAD]")

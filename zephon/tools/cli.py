@@ -21,8 +21,9 @@ from zephon.errors import LayoutError, ZephonError
 from zephon.lanes.shuffle import SourceShuffle
 from zephon.loader import ZephonLoader
 from zephon.recipe.layout import resolve_layout
+from zephon.recipe.load import load_recipe
 from zephon.recipe.phases import PhaseTimeline, images_too_long, resolve_phases
-from zephon.recipe.spec import Recipe, SourceSpec, load_recipe
+from zephon.schema.recipe import Recipe, SourceSpec
 from zephon.sources import SourceReader
 from zephon.state.checkpoint_state import load_file, merge_rank_states
 from zephon.tokenize.tokenizer import load_tokenizer

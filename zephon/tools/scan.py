@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from zephon.errors import DataError
-from zephon.recipe.spec import ImageSpec, Recipe, SourceSpec
+from zephon.schema.recipe import ImageSpec, Recipe, SourceSpec
 from zephon.sources import SourceReader
 from zephon.sources.bad_records import read_or_recover
 from zephon.tokenize.tokenizer import token_id_error

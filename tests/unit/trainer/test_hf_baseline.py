@@ -15,7 +15,8 @@ from torchtitan.datasets.hf_baseline import HFBaselineLoader
 from zephon.batch import IGNORE_INDEX, Batch
 from zephon.digest import global_batch_digest
 from zephon.errors import StateError, ZephonError
-from zephon.recipe.spec import Recipe, load_recipe
+from zephon.recipe.load import load_recipe
+from zephon.schema.recipe import Recipe
 
 COMMITTED_TOKENIZER = REPO / "assets" / "tokenizer" / "tokenizer.json"
 SEQ_LEN = 16
@@ -239,7 +240,7 @@ def test_a_recipe_with_phases_is_refused(recipe, tokenizer_path, cache_dir):
     """The baseline reads one fixed mixture: a data schedule is Zephon's."""
     from dataclasses import replace
 
-    from zephon.recipe.spec import PhaseSpec
+    from zephon.schema.recipe import PhaseSpec
 
     phased = replace(recipe, phases=(PhaseSpec("base", 0), PhaseSpec("anneal", 5)))
     with pytest.raises(ZephonError, match="this recipe has 2 phases \\(base, anneal\\)"):

@@ -199,7 +199,7 @@ def test_explicit_shape_tracks_what_the_user_set(tmp_path: Path) -> None:
     path = write(tmp_path, "[training]\nseq_len = 128\nsteps = 3\n")
     cfg = load_job_config(["--job.config_file", path])
     assert cfg.explicit_shape() == ("seq_len",)
-    assert cfg.set_by("training", "seq_len") == f"config file {path!r}"
+    assert cfg.set_by("training", "seq_len") == f"config file {path!r} (line 2)"
     assert cfg.set_by("training", "global_batch_size") is None
     cfg = load_job_config(["--job.config_file", path, "--training.global_batch_size", "8"])
     assert cfg.explicit_shape() == ("seq_len", "global_batch_size")

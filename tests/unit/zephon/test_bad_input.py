@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -191,7 +192,7 @@ def test_bad_recipe_names_file_key_and_expectation(folder: Path, case: str) -> N
         load_recipe(path)
     msg = str(info.value)
     assert isinstance(info.value, ZephonError)
-    assert msg.startswith(f"{path}: "), msg
+    assert re.match(rf"{re.escape(str(path))}(:\d+)?: ", msg), msg  # the file, its line
     for part in expected:
         assert part.format(dir=folder) in msg, f"{part!r} not in {msg!r}"
     assert snapshot(path, folder / "a.jsonl") == before
@@ -203,7 +204,7 @@ def test_recipe_that_is_not_utf8_or_not_a_file(folder: Path) -> None:
     with pytest.raises(RecipeError, match="not valid TOML: not UTF-8") as info:
         load_recipe(path)
     assert str(path) in str(info.value)
-    with pytest.raises(RecipeError, match="cannot read the recipe file") as info:
+    with pytest.raises(RecipeError, match="recipe file is a folder, expected a TOML file") as info:
         load_recipe(folder)  # a folder, not a file: no IsADirectoryError traceback
     assert str(folder) in str(info.value)
     with pytest.raises(RecipeError, match="recipe file not found") as info:
@@ -670,8 +671,11 @@ def test_cli_prints_one_error_line_without_traceback(folder: Path) -> None:
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith(f"zephon validate: error: {bad_recipe}: "), lines
-    assert "[source 'a'] has unknown key(s): wieght; expected only: " in lines[0]
+    assert lines[0].startswith(f"zephon validate: error: {bad_recipe}:"), lines
+    assert (
+        "[source 'a'] has unknown key(s): wieght; did you mean 'weight'?; expected only: "
+        in lines[0]
+    )
     assert proc.stdout == ""
     assert snapshot(bad_recipe, folder / "a.jsonl") == before
 
@@ -708,7 +712,7 @@ def test_cli_errors_in_process(
     tok = ["--tokenizer", tokenizer_path]
     shape = ["--seq-len", "16", "--global-batch", "2"]
     cases = [
-        (["validate", str(folder)], f"{folder}: cannot read the recipe file"),
+        (["validate", str(folder)], f"{folder}: recipe file is a folder, expected a TOML file"),
         (["validate", str(good), "--dp", "3", *tok], "exceeds the lane count 2"),
         (["validate", str(good), "--global-batch", "3", *tok], "not divisible by the lane"),
         (["validate", str(good), "--tokenizer", str(folder / "none.json")], "none.json"),

@@ -1,4 +1,4 @@
-"""Crossing a segment boundary (zephon/state/segment_boundary.py) and the lane-count change's
+"""Crossing a segment boundary (zephon/streams/segment_boundary.py) and the lane-count change's
 record (zephon/state/lane_count_deal.py `deal_source`), on hand-made flush points and cursors."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from zephon.lanes.documents import ShuffledLaneDocs
 from zephon.lanes.shuffle import SourceShuffle, keyed_permutation
 from zephon.recipe.phases import Phase, Segment
 from zephon.state.lane_count_deal import Deal, build_lane_docs, deal_source
-from zephon.state.segment_boundary import enter_segment
+from zephon.streams.segment_boundary import enter_segment
 
 NAMES = ("a", "b")
 

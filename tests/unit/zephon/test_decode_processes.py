@@ -19,7 +19,7 @@ from zephon.images import image_digest, prepare_image, size_image
 from zephon.images.decode_processes import DecodeProcesses, Task, decode_processes
 from zephon.images.pixels.canary import CANARY_DIR, CANARY_FILES
 from zephon.images.shared_patches import PatchArena
-from zephon.recipe.spec import ImageSpec
+from zephon.schema.recipe import ImageSpec
 
 REPO = Path(__file__).resolve().parents[3]
 SAMPLE = REPO / "data" / "sample"

@@ -29,7 +29,8 @@ from zephon.images import (
 )
 from zephon.images.pixels.canary import CANARY_DIR, CANARY_FILES
 from zephon.images.pixels.resize import resize_array
-from zephon.recipe.spec import ImageSpec, identity_of, parse_recipe
+from zephon.recipe.load import parse_recipe
+from zephon.schema.recipe import ImageSpec, identity_of
 
 SPEC = ImageSpec()
 
@@ -204,7 +205,7 @@ def test_decode_peak_is_known_from_the_header() -> None:
 PEAK = """
 import sys
 from zephon.images import size_image, prepare_image
-from zephon.recipe.spec import ImageSpec
+from zephon.schema.recipe import ImageSpec
 
 def kib(field):
     for line in open("/proc/self/status"):

@@ -14,7 +14,7 @@ from zephon.images.pixels.patches import (
     to_patches,
 )
 from zephon.images.pixels.resize import _ceil_sqrt, _shrink, resize_array, target_size
-from zephon.recipe.spec import ImageSpec
+from zephon.schema.recipe import ImageSpec
 
 
 def documented_patches(pixels: np.ndarray, p: int, m: int) -> list[list[int]]:

@@ -19,7 +19,7 @@ from PIL import Image
 
 from zephon import DataError, RecipeError, load_recipe
 from zephon.images import prepare_image
-from zephon.recipe.spec import ImageSpec
+from zephon.schema.recipe import ImageSpec
 from zephon.sources import SourceReader, storage, webdataset
 from zephon.sources.multimodal import ImageSegment, MultimodalDoc, TextSegment
 

@@ -11,7 +11,8 @@ from helpers.corpus import write_jsonl
 
 from zephon import RecipeError, load_tokenizer
 from zephon.images.tokens import ImageTokenIds, image_token_ids, vocab_size_with_image_tokens
-from zephon.recipe.spec import ImageSpec, identity_of, load_recipe
+from zephon.recipe.load import load_recipe
+from zephon.schema.recipe import ImageSpec, identity_of
 
 
 def test_unnamed_image_tokens_are_appended_after_the_vocabulary():

@@ -29,7 +29,7 @@ from helpers.loader import close, make_ranks, save, step_digests
 from zephon import ZephonLoader
 from zephon.lanes.documents import ShuffledLaneDocs
 from zephon.lanes.shuffle import keyed_permutation
-from zephon.state.segment_boundary import enter_segment
+from zephon.streams.segment_boundary import enter_segment
 
 CHANGES = [(4, 6), (6, 4)]  # up and down, neither count a multiple of the other
 ALGORITHMS = ["concat", "best_fit"]

@@ -251,7 +251,7 @@ def test_a_change_out_of_lanes_dealt_to_more_lanes_than_documents_loses_none():
     """1 -> 3 -> 1 lanes over 2 documents. The first change deals the one document
     lane 0 had not drawn of epoch 0 to one of the 3 new lanes; nothing is drawn; the
     second change is exempted as a per-lane walk (the 3-lane plan of 2 documents is
-    one, as zephon/state/segment_boundary.py asks it), though lane 0 still stands in the dealt
+    one, as zephon/streams/segment_boundary.py asks it), though lane 0 still stands in the dealt
     epoch 0 (lanes 1 and 2, dealt nothing there, stand at epoch 1): the new lane
     starts at epoch 1, and that document is never drawn in epoch 0. Old lanes on
     both sides of the chain's last dealt epoch under a per-lane-walk plan are still

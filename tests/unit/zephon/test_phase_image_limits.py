@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from zephon.recipe.phases import Phase, PhaseTimeline, images_too_long
-from zephon.recipe.spec import ImageSpec
+from zephon.schema.recipe import ImageSpec
 
 NAMES = ("prose", "photos")
 

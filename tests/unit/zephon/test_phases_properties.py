@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from torchtitan.datasets.phase_timeline import DataTimeline
 from zephon import LayoutError
 from zephon.recipe.phases import NEVER, Phase, PhaseTimeline, SegmentSteps, resolve_phases
-from zephon.recipe.spec import PhaseSpec, Recipe, SourceSpec
+from zephon.schema.recipe import PhaseSpec, Recipe, SourceSpec
 
 NAMES = ("prose", "code", "math")
 LANES = (1, 2, 3, 4, 6, 12)  # every global batch below is a multiple of 12: whole rows per lane

@@ -14,7 +14,7 @@ import pytest
 
 from zephon.errors import LayoutError, RecipeError
 from zephon.recipe.phases import NEVER, Phase, PhaseTimeline, SegmentSteps, flushes, resolve_phases
-from zephon.recipe.spec import PhaseSpec
+from zephon.schema.recipe import PhaseSpec
 
 NAMES = ("prose", "code")
 

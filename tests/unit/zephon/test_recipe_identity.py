@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from zephon.recipe.spec import (
+from zephon.schema.recipe import (
     ALWAYS,
     NEVER,
     ImageSpec,

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from zephon.images.pixels.resize import target_size
-from zephon.recipe.spec import ImageSpec
+from zephon.schema.recipe import ImageSpec
 
 
 @st.composite

@@ -23,7 +23,7 @@ import numpy as np
 from zephon.errors import ZephonError
 from zephon.images.pixels.decode import decode
 from zephon.images.prepare import prepare_image
-from zephon.recipe.spec import ImageSpec
+from zephon.schema.recipe import ImageSpec
 
 CANARY_DIR = Path(__file__).resolve().parents[3] / "assets" / "images" / "canary"
 CANARY_FILES = (

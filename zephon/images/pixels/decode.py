@@ -36,7 +36,7 @@ from PIL import Image, ImageFile
 
 from zephon.errors import ImageError
 from zephon.images.header import ImageHeader, open_image
-from zephon.recipe.spec import ImageSpec
+from zephon.schema.recipe import ImageSpec
 
 # EXIF orientation -> the transposition that displays the stored image.
 _TRANSPOSE = {

@@ -33,7 +33,7 @@ from math import isqrt
 import numpy as np
 from PIL import Image
 
-from zephon.recipe.spec import ImageSpec
+from zephon.schema.recipe import ImageSpec
 
 RESAMPLE = Image.Resampling.BICUBIC
 
