@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from torchtitan.components.agreement import StepAgreement, agree
 from torchtitan.components.checkpoint.manager import (
     CheckpointManager,
     read_loader_state,
@@ -30,28 +31,27 @@ from torchtitan.components.checkpoint.manager import (
 from torchtitan.components.divergence import DivergenceGuard, clip_grads, fold_loss_into_grads
 from torchtitan.components.flops import model_flops_utilisation
 from torchtitan.components.garbage_collection import ScheduledCollection
-from torchtitan.components.group_steps import GroupSteps, data_parallel_sizes
 from torchtitan.components.initial_load import initial_model_args, load_initial
 from torchtitan.components.lr_scheduler import build_lr_scheduler, decay_window, lr_of_step
 from torchtitan.components.metrics import (
     MetricsLogger,
     StepMetrics,
     peak_memory_gib,
-    trim_logs_to_start,
+    records_writer,
 )
 from torchtitan.components.model_setup import build_parallel_model, check_pipeline_layout
 from torchtitan.components.optimizer import build_optimizer
 from torchtitan.components.peer_state import load_from_peer, state_for_peer
+from torchtitan.components.replica_group_steps import ReplicaGroupSteps
 from torchtitan.components.source_metrics import global_source_counts, scheduled_shares
+from torchtitan.components.step_driver import OneJob, StepDriver, data_parallel_sizes
 from torchtitan.components.validation import validation_loss
 from torchtitan.config.job_config import ConfigError, JobConfig, load_job_config
 from torchtitan.datasets.dataloader import TrainDataLoader, check_data_startup, describe_work
 from torchtitan.datasets.phase_timeline import DataTimeline, micro_rows
 from torchtitan.distributed.mesh import ParallelDims, ParallelMesh
-from torchtitan.distributed.replica_groups import ReplicaGroups, replica_groups
 from torchtitan.distributed.utils import DistInfo, exit_process, init_distributed
-from torchtitan.models import get_model_spec
-from torchtitan.runtime.agreement import StepAgreement, agree
+from torchtitan.models import check_model_name, get_model_spec
 from torchtitan.runtime.guard import JobGuard, fail_before_start, set_phase, stop_requests
 from torchtitan.torch_compat import compile_problem, floor_message
 from zephon import load_tokenizer
@@ -101,15 +101,18 @@ class Trainer:
         start, dp = self.resume_from or 0, dims.dp
         self.plan, self.layouts = _plan_data(cfg, self.spec, self.model_args, dims, start)
         self.mesh = ParallelMesh(dims, self.device.type)
-        # The replica groups of each step (fault tolerance), or this job alone. The
-        # loader starts at this job's own coordinates; a step with other groups deals
-        # the lanes again (`GroupSteps.follow`).
-        self.groups: ReplicaGroups = replica_groups(
-            cfg.fault_tolerance, self.rank, dist_info.world_size, self.device,
-            self._state_for_peer, self._load_from_peer, start,
+        # Who trains each step: this job alone, or the replica groups of each step's
+        # quorum (fault tolerance, components/replica_group_steps.py). The loader
+        # starts at this job's own coordinates.
+        self.driver: StepDriver = (
+            ReplicaGroupSteps(
+                cfg, self.rank, dist_info.world_size, dp, self.device, self._train_loader,
+                self._own_state, self._load_own_state, start,
+            )
+            if cfg.fault_tolerance.enable
+            else OneJob(self.rank, dp, self._train_loader)
         )  # fmt: skip
-        self.group_steps = GroupSteps(self.groups, cfg, self.rank, dp, self._train_loader)
-        self.data = self.group_steps.loader(self.mesh.dp_rank)
+        self.data = self.driver.loader(self.mesh.dp_rank)
 
         # Refuse an incompatible resume before paying for the model.
         resume_doc: dict[str, Any] | None = None
@@ -135,7 +138,7 @@ class Trainer:
         if self.resume_from is not None and resume_doc is not None:
             self.step = self.ckpt.load(self.resume_from)
             self.data.restore(resume_doc)
-            self.group_steps.start_doc = resume_doc
+            self.driver.resumed(resume_doc)
             logger.info(
                 f"resumed from step {self.step} on {dp} data-parallel rank(s) "
                 f"({cfg.data.loader} loader, {self.mesh.describe()})"
@@ -147,13 +150,8 @@ class Trainer:
                 )
         elif cfg.checkpoint.initial_load_path:
             load_initial(cfg, self.model, self.optimizer, self.model_args)
-        self.metrics: MetricsLogger | None = None
-        if self.rank == 0 and not self.groups.may_change:
-            # Steps after this run's start (0 without a checkpoint) are trained again.
-            trim_logs_to_start(cfg.metrics, cfg.job.dump_folder, self.step)
-            self.metrics = MetricsLogger.from_config(
-                cfg.metrics, cfg.job.dump_folder, cfg.to_dict()
-            )
+        self.metrics: MetricsLogger | None = None  # this rank's writer of the job's records
+        self.metrics = records_writer(self.metrics, *self.driver.records(self.step), cfg)
         self.collections = ScheduledCollection(t.gc_every_steps)  # last: turns Python's off
 
     def _loader(self, recipe: str | None = None) -> TrainDataLoader:
@@ -172,18 +170,17 @@ class Trainer:
         m = self.mesh
         return TrainDataLoader.from_config(
             self.cfg, dp_rank, dp_size, dp_group=m.dp_group,
-            coordinate_group=m.coordinate_group, device=self.device, groups=self.groups,
+            coordinate_group=m.coordinate_group, device=self.device, groups=self.driver.groups,
         )  # fmt: skip
 
-    def _state_for_peer(self) -> dict[str, Any]:
-        """What a joining replica group copies from this one (at a step start)."""
+    def _own_state(self) -> dict[str, Any]:
+        """The training state besides the data (what a joining replica group copies)."""
         state = state_for_peer(self.model, self.optimizer, self.lr_scheduler, self.divergence)
-        return {**state, "step": self.step, "data": self.group_steps.start_doc}
+        return {**state, "step": self.step}
 
-    def _load_from_peer(self, state: dict[str, Any]) -> None:
+    def _load_own_state(self, state: dict[str, Any]) -> None:
         load_from_peer(state, self.model, self.optimizer, self.lr_scheduler, self.divergence)
         self.step = state["step"]
-        self.group_steps.moved_in(state["data"])
 
     def _forward_backward(self, batch: Any, n_valid_global: int) -> torch.Tensor:
         """This rank's passes over the step's batch (micro-batches: the phase's rows);
@@ -202,16 +199,14 @@ class Trainer:
         loss_sum = self._forward_backward(batch, n_valid)
         params = list(self.model.parameters())
         fold_loss_into_grads(loss_sum, params)
-        self.groups.sum_tensors([_local(p.grad) for p in params if p.grad is not None])
+        self.driver.sum_([_local(p.grad) for p in params if p.grad is not None])
         # Every gradient is a DTensor on the same mesh (FSDP x TP), so the norm
         # is taken across both; the stages' norms are then summed (PP).
         grad_norm = clip_grads(params, self.cfg.training.max_norm, self.mesh.pp_group)
         self.last_loss = None
-        if self.divergence.tracks_loss or self.groups.may_change:
-            # (with replica groups: before the commit, while every group is there)
+        if self.divergence.tracks_loss or self.driver.loss_before_commit:
             self.last_loss = self._global_loss(loss_sum.clone(), n_valid)
-        self.group_steps.gather(self.data)  # every lane's state after it (replica groups)
-        if not self.groups.commit():
+        if not self.driver.conclude(self.data):  # a step that does not count: made again
             self.optimizer.zero_grad(set_to_none=True)
             return loss_sum, grad_norm, False
         if self.divergence.update_ok(self.step, float(grad_norm.item()), self.last_loss):
@@ -224,9 +219,9 @@ class Trainer:
         return loss_sum, grad_norm, True
 
     def _batch_counts(self, batch: Any, stop: bool = False) -> StepAgreement:
-        """Collective, the one all-reduce of every step (runtime/agreement.py), then
-        over the replica groups (`GroupSteps.agree`)."""
-        return self.group_steps.agree(self._group_counts(batch, stop))
+        """Collective, the one all-reduce of every step (components/agreement.py), then
+        over everyone who trains the step (the driver's `agree`)."""
+        return self.driver.agree(self._group_counts(batch, stop))
 
     def _group_counts(self, batch: Any, stop: bool = False) -> StepAgreement:
         n_valid = batch.num_valid_tokens() if batch is not None else None
@@ -235,7 +230,7 @@ class Trainer:
     def _global_loss(self, loss_sum: torch.Tensor, n_valid: int) -> float:
         """Collective: the global batch's mean token loss (called at log steps only)."""
         dist.all_reduce(loss_sum, group=self.mesh.loss_group)
-        self.groups.sum_(loss_sum)
+        self.driver.sum_([loss_sum])
         return float(loss_sum.item()) / max(n_valid, 1)
 
     def validate(self) -> float:
@@ -261,18 +256,16 @@ class Trainer:
             logger.info(line)
         val_freq = cfg.validation.freq
         stops = stop_requests()
-        redo = False  # the previous step did not commit: this one makes it again
+        redo = False  # the previous step did not count: this one makes it again
         while self.step < steps:
             t0 = time.perf_counter()
             set_phase("quorum", self.step + 1)
-            membership = self.groups.begin_step()  # may copy the whole state from a peer
-            self.data = self.group_steps.follow(membership, redo, self.data, self.mesh.dp_rank)
+            self.data = self.driver.begin(self.data, redo)  # who trains it, which lanes
             set_phase("data", self.step + 1)
             batch = self.data.next_batch()
             data_wait = time.perf_counter() - t0
             set_phase("collective", self.step + 1)
             agreed = self._batch_counts(batch, stops is not None and stops.requested())
-            n_valid, stop = agreed.n_valid, agreed.stop
             if not agreed.have_all:
                 logger.info(f"data exhausted after step {self.step}; stopping")
                 break
@@ -282,41 +275,48 @@ class Trainer:
             digest = (
                 self.data.global_digest(batch) if log_now and cfg.data.log_batch_digests else None
             )
-            loss_sum, grad_norm, committed = self.train_step(batch, n_valid)
+            loss_sum, grad_norm, committed = self.train_step(batch, agreed.n_valid)
             redo = not committed
-            if redo:  # a replica group failed inside the step: the survivors make it again
+            if redo:
                 self.step -= 1
-                self.group_steps.log.failed(self.step + 1, t0)
+                self.driver.failed(self.step + 1, t0)
                 continue
-            self.metrics = self.group_steps.committed(self.step, t0, self.metrics)
+            self.metrics = records_writer(self.metrics, *self.driver.committed(self.step, t0), cfg)
             self.collections.after_step(self.step)
             if log_now:
-                self._log_step(batch, loss_sum, grad_norm, n_valid, t0, data_wait, digest)
-            if stop and stops is not None and self.groups.may_change:
-                return stops.finish(self.step, None)  # this group leaves; the others go on
-            if stop and stops is not None and self.step < steps:  # agreed: save it, exit
-                set_phase("save", self.step)
-                saved = self.ckpt.save_and_verify(
-                    self.step, self.data.gather_state, self.divergence.last_finite, self.last_loss
-                )
-                return stops.finish(self.step, saved)
+                self._log_step(batch, loss_sum, grad_norm, agreed.n_valid, t0, data_wait, digest)
+            if (
+                agreed.stop
+                and stops is not None
+                and (self.step < steps or not self.driver.stop_saves)
+            ):
+                return self._stop(stops)
             if cfg.validation.enable and val_freq > 0 and self.step % val_freq == 0:
                 self._log_validation()
-            if self.ckpt.should_save(self.step, steps) and membership.index == 0:
-                # (with replica groups, the first group alone writes: the state is one)
+            if self.ckpt.should_save(self.step, steps) and self.driver.writes_checkpoints():
                 set_phase("save", self.step)
                 self.ckpt.save(
-                    self.step, lambda: self.group_steps.loader_state(self.data),
-                    self.divergence.last_finite,
-                    loss=self.last_loss,
+                    self.step, lambda: self.driver.loader_state(self.data),
+                    self.divergence.last_finite, loss=self.last_loss,
                 )  # fmt: skip
         self.ckpt.wait()  # an asynchronous save still in flight becomes a resume point
         if cfg.validation.enable and (val_freq <= 0 or self.step % val_freq):
             self._log_validation()
         logger.info(describe_work(self.data.work_summary()))  # collective
-        self.group_steps.report_parameters(self.model, self.step)  # collective
+        self.driver.finish(self.model, self.step)  # collective
         logger.info(f"training done at step {self.step}")
         return 0
+
+    def _stop(self, stops: Any) -> int:
+        """Every rank agreed to stop after this step: save it and end the job, or, where
+        the others go on without this process (replica groups), just leave."""
+        if not self.driver.stop_saves:
+            return stops.finish(self.step, None)
+        set_phase("save", self.step)
+        saved = self.ckpt.save_and_verify(
+            self.step, self.data.gather_state, self.divergence.last_finite, self.last_loss
+        )
+        return stops.finish(self.step, saved)
 
     def _log_step(
         self,
@@ -335,14 +335,14 @@ class Trainer:
             loss = self._global_loss(loss_sum, n_valid)
         norm = float(_full(grad_norm).item())
         sources = global_source_counts(
-            batch, self.data.source_names, self.device, self.mesh.dp_group, self.groups
+            batch, self.data.source_names, self.device, self.mesh.dp_group, self.driver.groups
         )
         dropped = self.data.bad_records_dropped()
         step_time = time.perf_counter() - t0
         if self.metrics is None:
             return
         phase = self.plan.phase_at(self.step)
-        groups, lanes = self.group_steps.held(phase.lanes)
+        groups, lanes = self.driver.step_fields(phase.lanes)
         tokens = self.plan.step_tokens(phase)
         flops = self.spec.flops_per_token(self.model_args, phase.seq_len)
         mfu = model_flops_utilisation(flops, tokens, step_time, self.info.world_size, self.device)
@@ -377,7 +377,7 @@ class Trainer:
 
     def close(self) -> None:
         self.collections.close()
-        self.groups.close()
+        self.driver.close()
         self.data.close()
         if self.metrics is not None:
             self.metrics.close()
@@ -435,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         exit_process(fail_before_start(rank, ConfigError(too_old)))
     try:
         cfg = load_job_config(argv)
+        check_model_name(cfg)
     except ConfigError as exc:
         exit_process(fail_before_start(rank, exc))
     info = init_distributed()

@@ -67,7 +67,7 @@ EXTRA = {
     **SHAPE,
     "fault_tolerance.enable": "true",
     # A peer lost while a quorum's communicator forms is waited for this long (twice):
-    # short here, so the lighthouse's join timeout (30 s) still covers it.
+    # short here, so the lighthouse's join timeout (lighthouse.JOIN_TIMEOUT_MS) covers it.
     "fault_tolerance.step_timeout_s": 8,
     "fault_tolerance.group_count": GROUPS,
 }

@@ -20,8 +20,8 @@ import sys
 import torch
 
 from torchtitan.components.checkpoint import CheckpointError
-from torchtitan.components.hf_folder import HFCheckpointError, write_hf_folder
 from torchtitan.components.initial_load import read_step_model
+from torchtitan.models.hf_folder import HFCheckpointError, write_hf_folder
 from torchtitan.models.llama3.args import get_model_args
 from torchtitan.models.llama3.model import Transformer
 from torchtitan.models.llama3.state_dict_adapter import (

@@ -152,7 +152,7 @@ def test_a_nonfinite_element_of_any_parameter_on_any_rank_refuses_the_save_on_ev
 def _agree_rank(rank: int, world: int, init_file: str, out: str) -> None:
     import torch.distributed as dist
 
-    from torchtitan.runtime.agreement import agree
+    from torchtitan.components.agreement import agree
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=60))  # fmt: skip

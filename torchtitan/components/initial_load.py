@@ -30,15 +30,15 @@ from torch.distributed.checkpoint.state_dict import (
 
 from torchtitan.components.checkpoint import COMPLETE_FILE, CheckpointError
 from torchtitan.components.checkpoint.manager import complete_steps
-from torchtitan.components.hf_folder import (
+from torchtitan.config.job_config import ConfigError, JobConfig
+from torchtitan.models import get_model_spec
+from torchtitan.models.hf_folder import (
     CONFIG_FILE,
     HFCheckpointError,
     is_hf_folder,
     load_hf_folder,
     read_config,
 )
-from torchtitan.config.job_config import ConfigError, JobConfig
-from torchtitan.models import get_model_spec
 
 logger = logging.getLogger("torchtitan")
 

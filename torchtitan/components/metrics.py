@@ -14,7 +14,7 @@ from typing import Any, TextIO
 import torch
 
 from torchtitan.components.source_metrics import PhaseMixture
-from torchtitan.config.job_config import MetricsConfig
+from torchtitan.config.job_config import JobConfig, MetricsConfig
 from zephon import atomic_write
 
 logger = logging.getLogger("torchtitan")
@@ -304,3 +304,19 @@ class MetricsLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def records_writer(
+    writer: MetricsLogger | None, writes: bool, trim_after: int | None, cfg: JobConfig
+) -> MetricsLogger | None:
+    """This rank's writer of the job's records, as the step driver says: opened when
+    it is this rank's turn (the records after `trim_after` dropped first: steps
+    trained again), closed when it is not, else `writer` as it is."""
+    if writes and writer is None:
+        if trim_after is not None:
+            trim_logs_to_start(cfg.metrics, cfg.job.dump_folder, trim_after)
+        return MetricsLogger.from_config(cfg.metrics, cfg.job.dump_folder, cfg.to_dict())
+    if not writes and writer is not None:
+        writer.close()
+        return None
+    return writer

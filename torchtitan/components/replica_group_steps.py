@@ -1,11 +1,11 @@
-"""The training loop's side of replica groups (live recovery, docs/fault_tolerance.md,
-design §16): deal the lanes over each step's groups, keep every lane's state at the
-step start, and say what happened (which groups trained a step, how many lanes each
-held, one line per recovery, and which group writes the metrics).
+"""The step driver of replica groups (live recovery, docs/fault_tolerance.md, design
+§16): the groups of each step's quorum train it together. The lanes are dealt
+over them at every step, every lane's state is gathered before each commit so
+any group can take any lane next, a step that does not commit is made again
+from that state with the same bytes, and the first group's rank 0 writes the
+job's records and checkpoints. One line per recovery (recovery_log.py).
 
-Without fault tolerance (`OneGroup`) the membership never changes, so the loader is
-built once, nothing is gathered per step and rank 0 writes the metrics: the loop
-is the same and costs nothing extra."""
+A job alone uses `OneJob` (step_driver.py) instead, which does none of this."""
 
 from __future__ import annotations
 
@@ -16,62 +16,87 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
-from torchtitan.components.metrics import MetricsLogger, trim_logs_to_start
-from torchtitan.config.job_config import FaultTolerance, JobConfig
+from torchtitan.components.agreement import StepAgreement
+from torchtitan.components.recovery_log import RecoveryLog
+from torchtitan.components.step_driver import BuildLoader
+from torchtitan.config.job_config import JobConfig
 from torchtitan.datasets.dataloader import TrainDataLoader
-from torchtitan.distributed.replica_groups import Membership, ReplicaGroups
-from torchtitan.runtime.agreement import StepAgreement
-from torchtitan.runtime.recovery_log import RecoveryLog
+from torchtitan.distributed.replica_groups import Membership, replica_groups
 
 logger = logging.getLogger("torchtitan")
 
 
-class GroupSteps:
+class ReplicaGroupSteps:
+    """The replica groups of each step (a `StepDriver`)."""
+
+    stop_saves = False  # a stopped group leaves; the others go on and save
+    loss_before_commit = True
+
     def __init__(
         self,
-        groups: ReplicaGroups,
         cfg: JobConfig,
         rank: int,
+        world: int,
         dp: int,
-        build: Callable[[int, int], TrainDataLoader],
+        device: torch.device,
+        build: BuildLoader,
+        own_state: Callable[[], dict[str, Any]],
+        load_own_state: Callable[[dict[str, Any]], None],
+        start: int,
     ):
         """`dp`: this group's data-parallel size; `build(dp_rank, dp_size)`: this
-        rank's training loader at those coordinates."""
-        self.groups, self.cfg, self.rank, self.dp = groups, cfg, rank, dp
-        self._build = build
+        rank's training loader at those coordinates; `own_state` / `load_own_state`:
+        what a joining group copies from a live peer besides every lane's state."""
+        self.cfg, self.rank, self.dp = cfg, rank, dp
+        self._build, self._own_state, self._load_own_state = build, own_state, load_own_state
+        self.groups = replica_groups(
+            cfg.fault_tolerance, rank, world, device, self._state_for_peer,
+            self._load_from_peer, start,
+        )  # fmt: skip
         self.membership = Membership(1, 0)
         """The membership the current loader was dealt for."""
         self.start_doc: dict[str, Any] | None = None
         """Every lane's merged state at the start of the coming step."""
         self.next_doc: dict[str, Any] | None = None
         """Every lane's state after the step in flight (gathered before its commit)."""
-        self.log = RecoveryLog(groups.replica_id)
+        self.log = RecoveryLog(self.groups.replica_id)
+        self._dp_rank = 0
 
-    def loader(self, dp_rank_in_group: int) -> TrainDataLoader:
+    def _state_for_peer(self) -> dict[str, Any]:
+        """What a joining group copies from this one (at a step start)."""
+        return {**self._own_state(), "data": self.start_doc}
+
+    def _load_from_peer(self, state: dict[str, Any]) -> None:
+        """A peer's state was copied in: its lanes' state; the loader is dealt again."""
+        self._load_own_state(state)
+        self.start_doc = state["data"]
+        self.membership = Membership(0, 0)
+
+    def loader(self, dp_rank: int) -> TrainDataLoader:
         """This rank's loader at its coordinates under the current membership."""
-        return self._build(*self.membership.data_parallel(dp_rank_in_group, self.dp))
+        self._dp_rank = dp_rank
+        return self._build(*self.membership.data_parallel(dp_rank, self.dp))
 
-    def follow(
-        self, membership: Membership, redo: bool, data: TrainDataLoader, dp_rank_in_group: int
-    ) -> TrainDataLoader:
-        """The loader for this step: `data` when the membership gives this group the
-        coordinates it was built for; else (or when the step is made again after a
-        failed one) a new one, restored from every lane's state at the step start."""
+    def resumed(self, doc: dict[str, Any]) -> None:
+        self.start_doc = doc
+
+    def begin(self, data: TrainDataLoader, redo: bool) -> TrainDataLoader:
+        """Join the step's quorum (this may copy the whole state from a peer); the
+        loader is `data` when the membership gives this group the coordinates it
+        was built for; else (or when the step is made again after a failed one) a
+        new one, restored from every lane's state at the step start."""
+        membership = self.groups.begin_step()
         if membership == self.membership and not redo:
             return data
         data.close()
         self.membership = membership
-        data = self.loader(dp_rank_in_group)
+        data = self.loader(self._dp_rank)
         if self.start_doc is not None:
             data.restore(self.start_doc)
         return data
-
-    def moved_in(self, start_doc: dict[str, Any] | None) -> None:
-        """A peer's state was copied in: its lanes' state; the loader is dealt again."""
-        self.start_doc = start_doc
-        self.membership = Membership(0, 0)
 
     def agree(self, mine: StepAgreement) -> StepAgreement:
         """This group's agreement summed over the step's groups (the batch is all of
@@ -84,24 +109,21 @@ class GroupSteps:
         have, n_valid = total
         return StepAgreement(int(have) == self.membership.groups, int(n_valid), mine.stop)
 
-    def gather(self, data: TrainDataLoader) -> None:
-        """Collective over every group, before the commit (replica groups only): every
-        lane's state after this step, so any group can take any lane next."""
-        if self.groups.may_change:
-            self.next_doc = data.gather_state()
+    def sum_(self, tensors: list[torch.Tensor]) -> None:
+        self.groups.sum_tensors(tensors)
 
-    def loader_state(self, data: TrainDataLoader) -> dict[str, Any] | None:
-        """Collective: every lane's state after the current step (a checkpoint's)."""
-        return self.start_doc if self.groups.may_change else data.gather_state()
+    def conclude(self, data: TrainDataLoader) -> bool:
+        """Collective over every group: every lane's state after this step (so any
+        group can take any lane next), then the commit vote."""
+        self.next_doc = data.gather_state()
+        return self.groups.commit()
 
-    def committed(
-        self, step: int, t0: float, metrics: MetricsLogger | None
-    ) -> MetricsLogger | None:
-        """After a committed step (replica groups only): note it, log a recovery, and
-        return the metrics logger this rank writes with (None: another group's rank 0
-        writes this step). Collective over the groups when the quorum changed."""
-        if not self.groups.may_change:
-            return metrics
+    def failed(self, step: int, t0: float) -> None:
+        self.log.failed(step, t0)
+
+    def committed(self, step: int, t0: float) -> tuple[bool, int | None]:
+        """Note the step and log a recovery (collective over the groups when the
+        quorum changed); then `records(step)`."""
         self.start_doc = self.next_doc
         m = self.membership
         if m.quorum != self.log.quorum:
@@ -109,29 +131,35 @@ class GroupSteps:
             if ids is not None:  # (a group lost just after the commit: ask next step)
                 self.log.joined_quorum(m.quorum, [int(b) for b in ids])
         line = self.log.committed(step, t0, self.groups.healed)
-        if self.rank != 0:
-            return None
-        if line:
+        if line and self.rank == 0:
             logger.warning(line)
-        if m.index != 0:  # the first group's rank 0 writes each step's record
-            if metrics is not None:
-                metrics.close()
-            return None
-        if metrics is None:
-            cfg = self.cfg
-            if self.log.started_the_job:
-                # This group started the job (it copied nothing from a peer): steps
-                # after its start are trained again, so their old records go.
-                trim_logs_to_start(cfg.metrics, cfg.job.dump_folder, step - 1)
-            metrics = MetricsLogger.from_config(cfg.metrics, cfg.job.dump_folder, cfg.to_dict())
-        return metrics
+        return self.records(step)
 
-    def report_parameters(self, model: torch.nn.Module, step: int) -> None:
-        """Collective over this group (replica groups only): log SHA-256 of every
-        rank's parameter shards in rank order. Every group has the same mesh, so two
-        groups hold the same parameters exactly when their digests agree."""
-        if not self.groups.may_change:
-            return
+    def records(self, step: int) -> tuple[bool, int | None]:
+        """The first group's rank 0 writes each committed step's records. A group
+        that started the job (it copied nothing from a peer) trains the steps after
+        its start again, so their old records go; one that healed keeps them."""
+        if self.log.quorum is None:  # before the first commit: nobody knows yet
+            return False, None
+        writes = self.rank == 0 and self.membership.index == 0
+        return writes, step - 1 if self.log.started_the_job else None
+
+    def writes_checkpoints(self) -> bool:
+        """The first group alone writes: the state is one."""
+        return self.membership.index == 0
+
+    def loader_state(self, data: TrainDataLoader) -> dict[str, Any] | None:
+        return self.start_doc
+
+    def step_fields(self, lanes: int) -> tuple[list[int] | None, list[int] | None]:
+        """(replica ids, lanes each group held) of the latest step: the layout's rule
+        (design §2) over the groups' ranks."""
+        return self.log.ids, lanes_per_group(lanes, self.membership.groups, self.dp)
+
+    def finish(self, model: nn.Module, step: int) -> None:
+        """Collective over this group: log SHA-256 of every rank's parameter shards in
+        rank order. Every group has the same mesh, so two groups hold the same
+        parameters exactly when their digests agree."""
         h = hashlib.sha256()
         for name, p in model.state_dict().items():
             local = p.to_local() if isinstance(p, DTensor) else p
@@ -145,18 +173,8 @@ class GroupSteps:
                 f"replica group {self.groups.replica_id} parameters at step {step}: {digest}"
             )
 
-    def held(self, lanes: int) -> tuple[list[int], list[int]] | tuple[None, None]:
-        """(replica ids, lanes each group held) of the latest step: the layout's rule
-        (design §2) over the groups' ranks; (None, None) without replica groups."""
-        if not self.groups.may_change:
-            return None, None
-        return self.log.ids, lanes_per_group(lanes, self.membership.groups, self.dp)
-
-
-def data_parallel_sizes(ft: FaultTolerance, dp: int) -> list[int]:
-    """The data-parallel sizes a job may train at, smallest first: its own, or with
-    replica groups every count of live groups times its own."""
-    return [k * dp for k in range(1, (ft.group_count if ft.enable else 1) + 1)]
+    def close(self) -> None:
+        self.groups.close()
 
 
 def lanes_per_group(lanes: int, groups: int, dp: int) -> list[int]:

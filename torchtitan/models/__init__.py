@@ -2,14 +2,18 @@
 
 Adding a model is a folder `torchtitan/models/<name>/` whose `spec.py` defines
 `SPEC` (a `ModelSpec`, see spec.py), plus one line in `_SPEC_MODULES`. The
-table names modules rather than holding specs, so reading the names (the job
-config checks `[model] name` against them) imports no model code.
+table names modules rather than holding specs, so reading the names (the
+launcher checks `[model] name` against them before any worker starts) imports no
+model code.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING
+
+from torchtitan.config.job_config import ConfigError, JobConfig
+from zephon.schema import did_you_mean
 
 if TYPE_CHECKING:
     from torchtitan.models.spec import ModelSpec
@@ -27,3 +31,16 @@ def get_model_spec(name: str) -> ModelSpec:
         known = ", ".join(repr(n) for n in MODEL_NAMES)
         raise ValueError(f"unknown model {name!r}: expected one of {known}")
     return importlib.import_module(_SPEC_MODULES[name]).SPEC
+
+
+def check_model_name(cfg: JobConfig) -> None:
+    """`[model] name` is a registered model: else a ConfigError naming where it was
+    set, the known models and the nearest one."""
+    name = cfg.model.name
+    if name not in _SPEC_MODULES:
+        source = cfg.provenance.get(("model", "name"), "default")
+        known = ", ".join(repr(n) for n in MODEL_NAMES)
+        raise ConfigError(
+            f"{source}: [model] name = {name!r} is invalid: expected one of {known}"
+            f"{did_you_mean(name, MODEL_NAMES)}"
+        )

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 class StateDictAdapter(Protocol):
     """A model's parameters <-> a Hugging Face checkpoint's tensors, without files.
 
-    The generic safetensors reader (`torchtitan/components/hf_folder.py`) asks it
+    The generic safetensors reader (`torchtitan/models/hf_folder.py`) asks it
     where each of this rank's rows lives; the exporter converts full tensors."""
 
     def hf_name(self, name: str) -> str:

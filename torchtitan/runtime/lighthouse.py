@@ -15,8 +15,13 @@ import signal
 import sys
 import threading
 
+# A quorum waits this long for a live group that has not asked yet: above twice the
+# default `[fault_tolerance] step_timeout_s` (30 s), so a group held up by a
+# collective that times out, then by the next, still joins (docs/fault_tolerance.md).
+JOIN_TIMEOUT_MS = 65_000
 
-def main(argv: list[str] | None = None) -> int:
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m torchtitan.runtime.lighthouse")
     ap.add_argument("--host", default="[::]", help="address to bind (default: every one)")
     ap.add_argument("--port", type=int, default=29510, help="0 = any free port")
@@ -26,13 +31,17 @@ def main(argv: list[str] | None = None) -> int:
         help="a group silent this long is left out of the next quorum",
     )  # fmt: skip
     ap.add_argument(
-        "--join-timeout-ms", type=int, default=30000,
+        "--join-timeout-ms", type=int, default=JOIN_TIMEOUT_MS,
         help="how long a quorum waits for a live group that has not asked yet (one "
         "starting, or one whose communicator is still forming): shorter lets groups "
         "form a quorum without a live one",
     )  # fmt: skip
     ap.add_argument("--quorum-tick-ms", type=int, default=50)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         from torchft._torchft import LighthouseServer
     except ImportError:

@@ -20,6 +20,7 @@ import torch
 
 from torchtitan.config.job_config import ConfigError, load_job_config
 from torchtitan.distributed.utils import DEVICE_ENV, device_setting
+from torchtitan.models import check_model_name
 
 TRAINER_MODULE = "torchtitan.train"
 NVIDIA_PROC = "/proc/driver/nvidia/gpus"
@@ -39,7 +40,7 @@ def job_config_problem(module: bool, script: str, script_args: Sequence[str]) ->
     if not module or script != TRAINER_MODULE or {"-h", "--help"} & set(script_args):
         return None
     try:
-        load_job_config(list(script_args))
+        check_model_name(load_job_config(list(script_args)))
     except ConfigError as exc:
         return str(exc)
     return None

@@ -17,9 +17,9 @@ transformers = pytest.importorskip("transformers")
 
 from helpers.hf_llama import TOL, VOCAB, hf_model, logits  # noqa: E402
 
-from torchtitan.components.hf_folder import HFCheckpointError, write_hf_folder  # noqa: E402
 from torchtitan.components.initial_load import initial_model_args  # noqa: E402
 from torchtitan.config.job_config import load_job_config  # noqa: E402
+from torchtitan.models.hf_folder import HFCheckpointError, write_hf_folder  # noqa: E402
 from torchtitan.models.llama3.model import Transformer  # noqa: E402
 from torchtitan.models.llama3.state_dict_adapter import (  # noqa: E402
     config_from_model_args,

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from torchtitan.components.group_steps import data_parallel_sizes, lanes_per_group
+from torchtitan.components.recovery_log import RecoveryLog
+from torchtitan.components.replica_group_steps import lanes_per_group
+from torchtitan.components.step_driver import data_parallel_sizes
 from torchtitan.config.job_config import ConfigError, FaultTolerance, load_job_config
 from torchtitan.distributed.replica_groups import Membership
-from torchtitan.runtime.recovery_log import RecoveryLog
 from zephon import resolve_layout
 
 
@@ -112,3 +113,22 @@ def test_fault_tolerance_without_torchft_names_the_extra(monkeypatch: pytest.Mon
         ConfigError, match=r"needs torchft, which is not installed: pip install -e '\.\[ft\]'"
     ):
         load_job_config(FT)
+
+
+def test_the_timeout_defaults_keep_the_documented_rule() -> None:
+    """docs/fault_tolerance.md: the lighthouse's join timeout stays above twice the
+    step timeout; the page quotes the defaults the code has."""
+    import re
+
+    from helpers import REPO
+
+    from torchtitan.runtime import lighthouse
+
+    defaults = lighthouse.parser().parse_args([])
+    step_s = FaultTolerance().step_timeout_s
+    assert defaults.join_timeout_ms > 2 * step_s * 1000
+    page = (REPO / "docs" / "fault_tolerance.md").read_text()
+    assert f"`--join-timeout-ms` ({defaults.join_timeout_ms})" in page
+    assert f"`--heartbeat-timeout-ms` ({defaults.heartbeat_timeout_ms})" in page
+    assert re.search(rf"\| `step_timeout_s` \| {step_s:g} \|", page)
+    assert "Keep it above twice\n`step_timeout_s`" in page

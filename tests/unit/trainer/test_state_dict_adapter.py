@@ -10,8 +10,8 @@ import dataclasses
 import pytest
 import torch
 
-from torchtitan.components.hf_folder import HFCheckpointError
 from torchtitan.models import MODEL_NAMES, get_model_spec
+from torchtitan.models.hf_folder import HFCheckpointError
 from torchtitan.models.llama3.args import get_model_args
 from torchtitan.models.llama3.model import Transformer, apply_rope, build_rope_cache
 from torchtitan.models.llama3.state_dict_adapter import (

@@ -6,7 +6,7 @@ layout); Hugging Face's Llama rotates halves (i, i + head_dim/2), and its
 converted checkpoints have the rows of q_proj / k_proj permuted to match. Row
 2i+j of a head here is row j*head_dim/2 + i of the same head there.
 
-Files are read and written by the model-agnostic `torchtitan/components/hf_folder.py`;
+Files are read and written by the model-agnostic `torchtitan/models/hf_folder.py`;
 the last two functions here only bind this adapter to it.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from torchtitan.components.hf_folder import (
+from torchtitan.models.hf_folder import (
     CONFIG_FILE,
     HFCheckpointError,
     load_hf_folder,

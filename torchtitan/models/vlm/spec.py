@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from torchtitan.components.hf_folder import HFCheckpointError
+from torchtitan.models.hf_folder import HFCheckpointError
 from torchtitan.models.llama3.flops import flops_per_token
 from torchtitan.models.llama3.parallelize import check_parallelism
 from torchtitan.models.spec import ModelSpec, text_inputs
