@@ -52,6 +52,7 @@ from harness.train import (
     overrides,
     parse_loaders,
     parse_sizes,
+    quote_in_page,
     read_metrics,
     render_results,
     run_logged,
@@ -60,6 +61,8 @@ from zephon import LayoutError, resolve_layout
 
 CONFIG = REPO / "train_configs" / "llama3_debugmodel.toml"
 MODEL_NAMES = {"llama3": "Llama 3", "vlm": "VLM"}
+# The documentation page whose `<!-- elastic_resume:begin/end -->` markers quote the table.
+QUOTED_IN = "docs/results.md"
 
 
 @dataclass
@@ -145,9 +148,18 @@ def markdown_table(results: dict[str, Any]) -> str:
 
 
 def render(path: Path) -> int:
-    return render_results(
+    """The page beside a results JSON and, for the committed one, the table in QUOTED_IN."""
+    code = render_results(
         path, lambda results: f"{results['title']}\n\n{markdown_table(results)}\n"
     )
+    if code == 0 and path.resolve() == (REPO / "docs" / "results" / "elastic_resume.json"):
+        quote_in_page(QUOTED_IN, "elastic_resume", quoted(json.loads(path.read_text())))
+    return code
+
+
+def quoted(results: dict[str, Any]) -> str:
+    """The table QUOTED_IN quotes."""
+    return markdown_table(results) + "\n"
 
 
 def check_layout(args: argparse.Namespace) -> None:

@@ -37,6 +37,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from harness.train import quote_in_page
+
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "results"
 JSON_PATH = RESULTS / "mutation.json"
@@ -45,6 +47,8 @@ EQUIVALENT_PATH = RESULTS / "mutation_equivalent.toml"
 MUTANTS = REPO / "mutants"
 MAX_CHILDREN = 2  # the machine's two cores, shared
 TARGET_SCORE = 0.90
+# The documentation page whose `<!-- mutation:begin/end -->` markers quote the summary.
+QUOTED_IN = "docs/results.md"
 
 # Label -> (file, which of its mutants count: a glob over mutmut's mutant names).
 MODULES: dict[str, tuple[str, str]] = {
@@ -340,6 +344,19 @@ def page(results: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def summary(results: dict[str, Any]) -> str:
+    """The sentence QUOTED_IN quotes: the last full run's score."""
+    killed = survived = 0
+    for mod in results["modules"].values():
+        k, s, _ = score_of(mod["counts"])
+        killed, survived = killed + k, survived + s
+    return (
+        f"The last full run ({results['date']}, commit {results['commit']}) killed "
+        f"{killed:,} of {killed + survived:,} mutants ({killed / (killed + survived):.1%}); "
+        "each survivor is explained on [its page](results/mutation.md).\n"
+    )
+
+
 def find(mods: dict[str, Any], name: str) -> dict[str, Any]:
     return next(m["not_killed"][name] for m in mods.values() if name in m["not_killed"])
 
@@ -410,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     attach_reasons(results)
     JSON_PATH.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     PAGE_PATH.write_text(page(results))
+    quote_in_page(QUOTED_IN, "mutation", summary(results))
     missing = unexplained(results)
     if missing:
         print(f"{len(missing)} unexplained survivor(s); see {PAGE_PATH}", file=sys.stderr)

@@ -23,6 +23,7 @@ import bench_index
 import bench_loader_cpu
 import bench_scale
 import bench_throughput
+import claims
 import elastic_resume_demo
 import elastic_scenarios
 import fault_injection
@@ -106,6 +107,8 @@ QUOTED: dict[str, tuple[Any, Callable[[Any], str]]] = {
     "vlm_caption_probe": (vlm_caption_probe, vlm_caption_probe.table),
     "bench_images": (bench_images, bench_images.table),
     "live_recovery": (live_recovery, live_recovery.summary),
+    "mutation": (mutation_report, mutation_report.summary),
+    "elastic_resume": (elastic_resume_demo, elastic_resume_demo.quoted),
 }
 
 
@@ -148,3 +151,20 @@ def test_render_commands_rewrite_the_page(tmp_path: Path) -> None:
     assert (tmp_path / "gpu_count_sensitivity_val_loss.png").stat().st_size > 10_000
     assert (tmp_path / "phases_demo_curves.png").stat().st_size > 10_000
     assert doc_pages() == pages
+
+
+def test_the_readmes_claims_are_the_results_json():
+    """Every figure of the README's claims table is computed from its committed JSON
+    (scripts/experiments/claims.py), and nothing else stands between its markers."""
+    assert quoted_block("README.md", "claims") == claims.table()
+    assert "97.6% of mutants killed (3,138 of 3,214)" in claims.table()  # as mutation.md
+
+
+def test_claims_follow_a_changed_json(tmp_path: Path):
+    """The table is the JSON's: a run whose digests differ reads so in the README."""
+    for f in RESULTS.glob("*.json"):
+        (tmp_path / f.name).write_text(f.read_text())
+    doc = json.loads((RESULTS / "elastic_resume.json").read_text())
+    doc["rows"][0]["digests_equal"] = 4
+    (tmp_path / "elastic_resume.json").write_text(json.dumps(doc))
+    assert "Zephon: as few as 4 of 6 steps with the reference digest" in claims.table(tmp_path)
