@@ -109,3 +109,51 @@ def all_gather_tensor(out: torch.Tensor, t: torch.Tensor, group: dist.ProcessGro
     dimension: the group size times `t`'s)."""
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     gather(out, t, group=group)
+
+
+# (device type, dtype) -> whether torch._grouped_mm runs there (probed once)
+_GROUPED_MM: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def _grouped_mm_runs(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether this torch's `torch._grouped_mm` (private, and not on every device and
+    dtype) multiplies groups of rows here: tried once on a tiny problem."""
+    key = (device.type, dtype)
+    if key not in _GROUPED_MM:
+        ok = hasattr(torch, "_grouped_mm")
+        if ok:
+            try:
+                x = torch.ones(4, 8, device=device, dtype=dtype)
+                w = torch.ones(2, 8, 8, device=device, dtype=dtype)
+                offs = torch.tensor([1, 4], device=device, dtype=torch.int32)
+                ok = bool(torch._grouped_mm(x, w, offs=offs).eq(8).all())
+            except (RuntimeError, NotImplementedError):
+                ok = False
+        _GROUPED_MM[key] = ok
+    return _GROUPED_MM[key]
+
+
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """`x [T, n]`, whose rows come in consecutive groups of `counts` (one per matrix),
+    times `w [G, n, m]`: `[T, m]`, each group by its own matrix. `torch._grouped_mm`
+    where it runs and the shapes are 16-byte aligned (what it asks); otherwise one
+    batched matmul over the groups padded to the largest."""
+    aligned = all(d * x.element_size() % 16 == 0 for d in (x.shape[1], w.shape[2]))
+    if aligned and x.is_contiguous() and _grouped_mm_runs(x.device, x.dtype):
+        offs = torch.tensor(counts, device=x.device, dtype=torch.int64).cumsum(0)
+        return torch._grouped_mm(x, w, offs=offs.to(torch.int32))
+    return padded_grouped_mm(x, w, counts)
+
+
+def padded_grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """`grouped_mm` as one `bmm` over the groups padded to the largest."""
+    groups, rows = len(counts), max(counts, default=0)
+    if not rows:
+        return x.new_zeros(0, w.shape[2])
+    sizes = torch.tensor(counts, device=x.device)
+    group = torch.repeat_interleave(torch.arange(groups, device=x.device), sizes)
+    starts = torch.cumsum(sizes, 0) - sizes
+    place = torch.arange(x.shape[0], device=x.device) - starts[group]
+    padded = x.new_zeros(groups, rows, x.shape[1])
+    padded = padded.index_put((group, place), x)
+    return torch.bmm(padded, w)[group, place]

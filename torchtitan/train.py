@@ -34,7 +34,6 @@ from torchtitan.components.garbage_collection import ScheduledCollection
 from torchtitan.components.initial_load import initial_model_args, load_initial
 from torchtitan.components.lr_scheduler import build_lr_scheduler, decay_window, lr_of_step
 from torchtitan.components.metrics import (
-    MetricsLogger,
     StepMetrics,
     peak_memory_gib,
     records_writer,
@@ -101,16 +100,15 @@ class Trainer:
         start, dp = self.resume_from or 0, dims.dp
         self.plan, self.layouts = _plan_data(cfg, self.spec, self.model_args, dims, start)
         self.mesh = ParallelMesh(dims, self.device.type)
-        # Who trains each step: this job alone, or the replica groups of each step's
-        # quorum (fault tolerance, components/replica_group_steps.py). The loader
-        # starts at this job's own coordinates.
+        # Who trains each step: this job alone, or the replica groups of each step's quorum
+        # (fault tolerance). The loader starts at this job's own coordinates.
         self.driver: StepDriver = (
             ReplicaGroupSteps(
-                cfg, self.rank, dist_info.world_size, dp, self.device, self._train_loader,
+                cfg, self.rank, dist_info.world_size, dp, self.device, self._loader,
                 self._own_state, self._load_own_state, start,
             )
             if cfg.fault_tolerance.enable
-            else OneJob(self.rank, dp, self._train_loader)
+            else OneJob(self.rank, dp, self._loader)
         )  # fmt: skip
         self.data = self.driver.loader(self.mesh.dp_rank)
 
@@ -120,8 +118,11 @@ class Trainer:
             resume_doc = read_loader_state(cfg.checkpoint, cfg.job.dump_folder, self.resume_from)
             self.data.check_resumable(resume_doc)
 
-        built = build_parallel_model(self.spec, self.model_args, cfg, self.mesh, self.device)
-        self.model, self.passes = built.model, built.passes
+        built = build_parallel_model(
+            self.spec, self.model_args, cfg, self.mesh, self.device, self._sum_over_batch
+        )
+        self.model, self.passes, self.hooks = built.model, built.passes, built.hooks
+        self.expert_load: dict[str, float] | None = None  # the latest step's (mixture of experts)
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.lr_scheduler = build_lr_scheduler(
             self.optimizer, cfg.lr_scheduler, max(t.steps, 1), self.plan.phases
@@ -150,27 +151,20 @@ class Trainer:
                 )
         elif cfg.checkpoint.initial_load_path:
             load_initial(cfg, self.model, self.optimizer, self.model_args)
-        self.metrics: MetricsLogger | None = None  # this rank's writer of the job's records
-        self.metrics = records_writer(self.metrics, *self.driver.records(self.step), cfg)
+        # This rank's writer of the job's records, when the driver says it is its turn.
+        self.metrics = records_writer(None, *self.driver.records(self.step), cfg)
         self.collections = ScheduledCollection(t.gc_every_steps)  # last: turns Python's off
 
-    def _loader(self, recipe: str | None = None) -> TrainDataLoader:
-        """This rank's loader at its data-parallel coordinate: its TP peers and
-        pipeline stages share one, run by the group's rank 0 (stage 0, TP rank 0),
-        which broadcasts each batch to the others (collective)."""
-        m = self.mesh  # (validation: every replica group on its own, at its own size)
+    def _loader(self, dp_rank: int, dp_size: int, recipe: str | None = None) -> TrainDataLoader:
+        """This rank's loader at data-parallel coordinate `dp_rank` of `dp_size` (with
+        replica groups: over all the groups of the step; a validation `recipe`: this
+        group alone). Its TP peers and pipeline stages share one, run by the group's
+        rank 0, which broadcasts each batch to the others (collective)."""
+        m, val = self.mesh, recipe is not None
         return TrainDataLoader.from_config(
-            self.cfg, m.dp_rank, m.dp_size, recipe, for_validation=recipe is not None,
-            dp_group=m.dp_group, coordinate_group=m.coordinate_group, device=self.device,
-        )  # fmt: skip
-
-    def _train_loader(self, dp_rank: int, dp_size: int) -> TrainDataLoader:
-        """The training loader at a step's coordinates (with replica groups: over all
-        the groups of the step)."""
-        m = self.mesh
-        return TrainDataLoader.from_config(
-            self.cfg, dp_rank, dp_size, dp_group=m.dp_group,
-            coordinate_group=m.coordinate_group, device=self.device, groups=self.driver.groups,
+            self.cfg, dp_rank, dp_size, recipe, for_validation=val, dp_group=m.dp_group,
+            coordinate_group=m.coordinate_group, device=self.device,
+            groups=None if val else self.driver.groups,
         )  # fmt: skip
 
     def _own_state(self) -> dict[str, Any]:
@@ -188,7 +182,15 @@ class Trainer:
         scaling by dp makes the result the gradient of (sum of token losses over
         the global batch) / valid tokens."""
         rows = self.plan.micro_rows(self.plan.phase_at(self.step))
+        if self.hooks is not None:
+            count = len(batch.micro_batches(rows))
+            self.hooks.begin_step(n_valid_global, count, lambda: self.passes.evaluate(batch, rows))
         return self.passes.train(batch, rows, self.dp / max(n_valid_global, 1))
+
+    def _sum_over_batch(self, t: torch.Tensor) -> None:
+        """Collective: `t` summed in place over every rank of the global batch."""
+        dist.all_reduce(t, group=self.mesh.dp_group)
+        self.driver.sum_([t])
 
     def train_step(self, batch: Any, n_valid: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """One optimizer step: (this rank's loss sum, gradient norm, committed). The
@@ -199,6 +201,7 @@ class Trainer:
         loss_sum = self._forward_backward(batch, n_valid)
         params = list(self.model.parameters())
         fold_loss_into_grads(loss_sum, params)
+        self.expert_load = self.hooks.end_backward() if self.hooks is not None else None
         self.driver.sum_([_local(p.grad) for p in params if p.grad is not None])
         # Every gradient is a DTensor on the same mesh (FSDP x TP), so the norm
         # is taken across both; the stages' norms are then summed (PP).
@@ -206,11 +209,17 @@ class Trainer:
         self.last_loss = None
         if self.divergence.tracks_loss or self.driver.loss_before_commit:
             self.last_loss = self._global_loss(loss_sum.clone(), n_valid)
-        if not self.driver.conclude(self.data):  # a step that does not count: made again
+        committed = self.driver.conclude(self.data)  # else it does not count: made again
+        applied = committed and self.divergence.update_ok(
+            self.step, float(grad_norm.item()), self.last_loss
+        )
+        if applied:
+            self.optimizer.step()
+        if self.hooks is not None:
+            self.hooks.end_step(applied)
+        if not committed:
             self.optimizer.zero_grad(set_to_none=True)
             return loss_sum, grad_norm, False
-        if self.divergence.update_ok(self.step, float(grad_norm.item()), self.last_loss):
-            self.optimizer.step()
         self.lr_scheduler.step()  # a skipped step is still a step of the schedule
         self.optimizer.zero_grad(set_to_none=True)
         if self.divergence.should_stop():
@@ -233,15 +242,20 @@ class Trainer:
         self.driver.sum_([loss_sum])
         return float(loss_sum.item()) / max(n_valid, 1)
 
-    def validate(self) -> float:
-        """Loss over the validation recipe, the same batches for every rank count."""
-        cfg = self.cfg
+    def validate(self) -> None:
+        """Collective: the loss over the validation recipe (the same batches for every
+        rank count), logged."""
+        set_phase("validation", self.step)
+        cfg, m = self.cfg, self.mesh
         t = cfg.training  # validation keeps the job's own shape, whatever the phase
         rows = micro_rows(t.local_batch_size, t.local_batch_tokens or None, t.seq_len)
-        return validation_loss(
-            self.passes, self._loader(cfg.validation.recipe), rows, cfg.validation.steps,
-            lambda b: self._group_counts(b).have_all, self.device, self.mesh.loss_group,
+        loss = validation_loss(
+            self.passes, self._loader(m.dp_rank, m.dp_size, cfg.validation.recipe), rows,
+            cfg.validation.steps, lambda b: self._group_counts(b).have_all, self.device,
+            m.loss_group,
         )  # fmt: skip
+        if self.metrics is not None:
+            self.metrics.log_validation(self.step, loss)
 
     def run(self) -> int:
         cfg = self.cfg
@@ -292,7 +306,7 @@ class Trainer:
             ):
                 return self._stop(stops)
             if cfg.validation.enable and val_freq > 0 and self.step % val_freq == 0:
-                self._log_validation()
+                self.validate()
             if self.ckpt.should_save(self.step, steps) and self.driver.writes_checkpoints():
                 set_phase("save", self.step)
                 self.ckpt.save(
@@ -301,7 +315,7 @@ class Trainer:
                 )  # fmt: skip
         self.ckpt.wait()  # an asynchronous save still in flight becomes a resume point
         if cfg.validation.enable and (val_freq <= 0 or self.step % val_freq):
-            self._log_validation()
+            self.validate()
         logger.info(describe_work(self.data.work_summary()))  # collective
         self.driver.finish(self.model, self.step)  # collective
         logger.info(f"training done at step {self.step}")
@@ -348,32 +362,17 @@ class Trainer:
         mfu = model_flops_utilisation(flops, tokens, step_time, self.info.world_size, self.device)
         self.metrics.log(
             StepMetrics(
-                step=self.step,
-                loss=loss,
-                grad_norm=norm,
-                lr=lr_of_step(self.lr_scheduler, self.step),
-                tokens=tokens,
-                step_time_s=step_time,
-                data_wait_s=data_wait,
-                memory_gib=peak_memory_gib(self.device),
-                digest=digest,
-                mfu=mfu,
+                step=self.step, loss=loss, grad_norm=norm, tokens=tokens, mfu=mfu,
+                lr=lr_of_step(self.lr_scheduler, self.step), step_time_s=step_time,
+                data_wait_s=data_wait, memory_gib=peak_memory_gib(self.device), digest=digest,
                 source_tokens=sources[0] if sources else None,
                 source_docs=sources[1] if sources else None,
-                bad_records_dropped=dropped,
-                skipped_updates=self.divergence.skipped,
+                bad_records_dropped=dropped, skipped_updates=self.divergence.skipped,
                 phase=phase.name if self.plan.named else None,
                 scheduled_shares=scheduled_shares(phase, self.data.source_names),
-                replica_groups=groups,
-                lanes_per_group=lanes,
+                replica_groups=groups, lanes_per_group=lanes, expert_load=self.expert_load,
             )
-        )
-
-    def _log_validation(self) -> None:
-        set_phase("validation", self.step)
-        loss = self.validate()
-        if self.metrics is not None:
-            self.metrics.log_validation(self.step, loss)
+        )  # fmt: skip
 
     def close(self) -> None:
         self.collections.close()

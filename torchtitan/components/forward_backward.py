@@ -25,6 +25,7 @@ from torch.distributed.fsdp import FSDPModule
 from torchtitan.components.loss import cross_entropy_sum
 from torchtitan.distributed.device_io import to_device
 from torchtitan.distributed.pipeline import PipelineSchedules
+from torchtitan.models.spec import TrainingHooks
 
 
 class ForwardBackward(Protocol):
@@ -54,6 +55,8 @@ class MicroBatchLoop:
         defer_grad_sync: bool,
     ):
         self.model, self.inputs, self.device, self.defer = model, inputs, device, defer_grad_sync
+        self.hooks: TrainingHooks | None = None
+        """The model's hooks: each micro-batch's extra loss terms come from them."""
 
     def train(self, batch: Any, rows: int, scale: float) -> torch.Tensor:
         micro = batch.micro_batches(rows)
@@ -64,7 +67,9 @@ class MicroBatchLoop:
                 fsdp_root.set_requires_gradient_sync(i == len(micro) - 1)
             logits = self.model(**self.inputs(mb, self.device))
             loss_sum, _ = cross_entropy_sum(logits, to_device(mb.labels, self.device))
-            (loss_sum * scale).backward()
+            loss = loss_sum * scale
+            extra = self.hooks.extra_loss() if self.hooks is not None else None
+            (loss if extra is None else loss + extra).backward()
             loss_total += loss_sum.detach()
         return loss_total
 

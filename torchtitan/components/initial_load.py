@@ -69,11 +69,17 @@ def initial_model_args(cfg: JobConfig, tokenizer_vocab: int) -> Any:
                 f"checkpoint.initial_load_path {path} is a Hugging Face folder: set "
                 'model.flavor = "hf" to take the model shape from its config.json'
             )
+        overrides: dict[str, Any] = {}
+        if cfg.moe.top_k:  # (set only for a mixture of experts: check_model_name)
+            overrides["top_k"] = cfg.moe.top_k
         try:
             return spec.model_args(
-                cfg.model.flavor, vocab_size=tokenizer_vocab, attention=cfg.model.attention
-            )
+                cfg.model.flavor, vocab_size=tokenizer_vocab, attention=cfg.model.attention,
+                **overrides,
+            )  # fmt: skip
         except ValueError as exc:
+            if overrides and str(exc).startswith("top_k"):
+                raise ConfigError(f"moe.top_k = {cfg.moe.top_k}: {exc}") from None
             raise ConfigError(f"model.flavor: {exc}, or 'hf' (shape from a config.json)") from None
     folder = _hf_config_folder(cfg)
     try:

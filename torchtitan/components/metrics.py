@@ -56,6 +56,9 @@ class StepMetrics:
     their data-parallel order."""
     lanes_per_group: list[int] | None = None
     """Fault-tolerant runs: how many lanes each of those groups held."""
+    expert_load: dict[str, float] | None = None
+    """Mixture of experts: the step's expert loads over the global batch (the smallest
+    and largest share of an expert in a layer, the largest load over the mean)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -102,6 +105,12 @@ def format_step(m: StepMetrics) -> str:
             f"{g}:{n}" for g, n in zip(m.replica_groups, m.lanes_per_group, strict=True)
         )
         parts.append(f"groups (id:lanes) {held}")
+    if m.expert_load is not None:
+        e = m.expert_load
+        parts.append(
+            f"experts {100 * e['expert_share_min']:.0f}-{100 * e['expert_share_max']:.0f}% "
+            f"x{e['expert_imbalance']:.2f}"
+        )
     return " | ".join(parts)
 
 
@@ -232,6 +241,7 @@ class MetricsLogger:
             if m.mfu is not None:
                 scalars["mfu"] = m.mfu
             scalars.update(_source_scalars(m))
+            scalars.update({f"moe/{k}": v for k, v in (m.expert_load or {}).items()})
             if self._tb is not None:
                 for name, value in scalars.items():
                     self._tb.add_scalar(f"train/{name}", value, m.step)
@@ -269,6 +279,8 @@ class MetricsLogger:
             if m.replica_groups is not None:
                 record["replica_groups"] = m.replica_groups
                 record["lanes_per_group"] = m.lanes_per_group
+            if m.expert_load is not None:
+                record.update(m.expert_load)
             self._jsonl.write(json.dumps(record) + "\n")
             self._jsonl.flush()
         return line

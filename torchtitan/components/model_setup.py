@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,7 +29,7 @@ from torchtitan.distributed.pipeline import (
     stage_ids,
     stages_per_rank,
 )
-from torchtitan.models.spec import ModelSpec, count_parameters
+from torchtitan.models.spec import ModelSpec, TrainingHooks, count_parameters
 
 logger = logging.getLogger("torchtitan")
 
@@ -38,6 +39,8 @@ class ParallelModel:
     model: torch.nn.Module
     """What this process holds, under the whole model's parameter names."""
     passes: ForwardBackward
+    hooks: TrainingHooks | None = None
+    """The model's own work around each step (a mixture of experts' balance)."""
 
 
 def check_pipeline_layout(
@@ -62,8 +65,16 @@ def check_pipeline_layout(
 
 
 def build_parallel_model(
-    spec: ModelSpec, args: Any, cfg: JobConfig, mesh: ParallelMesh, device: torch.device
+    spec: ModelSpec,
+    args: Any,
+    cfg: JobConfig,
+    mesh: ParallelMesh,
+    device: torch.device,
+    reduce: Callable[[torch.Tensor], None] | None = None,
 ) -> ParallelModel:
+    """The model of this process, parallelised and initialised, with its passes and
+    hooks; `reduce` sums a tensor over the global batch's ranks in place (for the
+    hooks)."""
     with torch.device("meta"):
         model = spec.build(args)
     logger.info(
@@ -109,4 +120,8 @@ def build_parallel_model(
         )
     else:
         passes = MicroBatchLoop(model, spec.inputs, device, p.defer_grad_sync)
-    return ParallelModel(model, passes)
+    hooks = None
+    if spec.training_hooks is not None and reduce is not None:
+        hooks = spec.training_hooks(model, cfg, mesh, reduce)
+        passes.hooks = hooks
+    return ParallelModel(model, passes, hooks)

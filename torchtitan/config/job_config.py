@@ -133,6 +133,11 @@ class Parallelism:
     pipeline_parallel_stages_per_rank: int = 0
     """Virtual stages each process runs; 0 = 1 for GPipe and 1F1B, 2 for
     Interleaved1F1B (which takes several)."""
+    expert_parallel_degree: int = 1
+    """Mixture-of-experts models: the routed experts are split over groups of this many
+    data-parallel ranks, and each token is sent to the rank that holds its experts
+    (all-to-all) instead of every rank gathering every expert. Divides the
+    data-parallel size and the expert count."""
     defer_grad_sync: bool = False
     """Reduce gradients only on the last micro-batch: fewer collectives, but every rank
     holds the whole model's unsharded gradients until then (small models only)."""
@@ -140,6 +145,26 @@ class Parallelism:
     """Zephon loader: refuse a data-parallel size whose padding rows (ranks owning fewer
     lanes, or a micro-batch that does not divide the local batch) exceed this share of
     the rows run; 1.0 allows any, 0.0 only even layouts."""
+
+
+@dataclass
+class MoE:
+    """Routing balance of a mixture-of-experts model (`[model] name = "moe"`)."""
+
+    balance: Literal["bias", "global_aux", "micro_batch_aux", "none"] = "bias"
+    """bias: DeepSeek-V3's auxiliary-loss-free balance, a per-expert routing bias moved
+    after each step by the step's expert loads; global_aux: the load-balance loss with
+    expert loads of the whole global batch (one extra forward pass a step counts them
+    first); micro_batch_aux: the usual load-balance loss per micro-batch (depends on
+    how the batch is split, so on the GPU count); none. The first two are layout-free."""
+    aux_loss_coef: float = 0.01
+    """Weight of the load-balance loss (global_aux, micro_batch_aux)."""
+    bias_update_rate: float = 0.001
+    """How far each step moves an expert's routing bias (balance = bias)."""
+    z_loss_coef: float = 0.0
+    """Router z-loss weight (mean squared log-sum-exp of the router logits); 0 = off."""
+    top_k: int = 0
+    """Experts each token goes to; 0 = the flavor's."""
 
 
 @dataclass
@@ -263,6 +288,7 @@ class JobConfig:
     validation: Validation = field(default_factory=Validation)
     data: Data = field(default_factory=Data)
     fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
+    moe: MoE = field(default_factory=MoE)
 
     def __post_init__(self) -> None:
         # (section, field) -> where it was set ("config file 'x'", "command line (--y)");
@@ -288,6 +314,7 @@ class JobConfig:
 OptimizerConfig = Optimizer
 LRSchedulerConfig = LRScheduler
 MetricsConfig = Metrics
+MoEConfig = MoE
 
 
 # --------------------------------------------------------------------------- schema
@@ -482,6 +509,11 @@ def _check_ranges(cfg: JobConfig, provenance: dict[tuple[str, str], str]) -> Non
         ("parallelism", "data_parallel_shard_degree", lambda v: v == -1 or v >= 1, "-1 or >= 1"),
         ("parallelism", "tensor_parallel_degree", lambda v: v >= 1, "an integer >= 1"),
         ("parallelism", "pipeline_parallel_degree", lambda v: v >= 1, "an integer >= 1"),
+        ("parallelism", "expert_parallel_degree", lambda v: v >= 1, "an integer >= 1"),
+        ("moe", "aux_loss_coef", lambda v: v >= 0, "a number >= 0"),
+        ("moe", "bias_update_rate", lambda v: v >= 0, "a number >= 0"),
+        ("moe", "z_loss_coef", lambda v: v >= 0, "a number >= 0"),
+        ("moe", "top_k", lambda v: v >= 0, "0 (the flavor's) or an integer >= 1"),
         (
             "parallelism",
             "pipeline_parallel_schedule",

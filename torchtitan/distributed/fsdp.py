@@ -19,15 +19,21 @@ def apply_fsdp(
     mesh: DeviceMesh,
     param_dtype: str,
     reduce_dtype: str,
+    ignored: set[torch.nn.Parameter] | None = None,
 ) -> None:
     """Shard each of `blocks`, then each of `roots` (what is left: embeddings, final
     norm, output) over `mesh`; a 2-D (replicate, shard) mesh makes it HSDP. The
     roots are the modules the step calls: the model, or its pipeline stages.
-    `param_dtype` / `reduce_dtype`: "bfloat16" or "float32". Works on a meta model."""
+    `param_dtype` / `reduce_dtype`: "bfloat16" or "float32"; `ignored`: parameters
+    FSDP leaves alone (sharded otherwise, e.g. expert-parallel experts). Works on a
+    meta model."""
     mp = MixedPrecisionPolicy(param_dtype=_DTYPES[param_dtype], reduce_dtype=_DTYPES[reduce_dtype])
     for i, block in enumerate(blocks):
         # The last block's parameters are needed right away by backward, so
         # keeping them unsharded after forward saves one all-gather.
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
+        fully_shard(
+            block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1,
+            ignored_params=ignored or None,
+        )  # fmt: skip
     for root in roots:
-        fully_shard(root, mesh=mesh, mp_policy=mp)
+        fully_shard(root, mesh=mesh, mp_policy=mp, ignored_params=ignored or None)

@@ -31,6 +31,9 @@ class ParallelDims:
     tp: int
     world_size: int
     pp: int = 1
+    ep: int = 1
+    """Expert parallelism: groups of this many data-parallel ranks share the routed
+    experts of a mixture-of-experts model (1: every rank computes every expert)."""
 
     @property
     def coordinate_size(self) -> int:
@@ -92,7 +95,22 @@ class ParallelDims:
                 "product must equal the number of processes (set data_parallel_shard_degree "
                 "= -1 to use the rest)"
             )
-        return cls(rep, shard, tp, world_size * pp, pp)
+        ep = p.expert_parallel_degree
+        where = f"parallelism.expert_parallel_degree = {ep}"
+        if ep > rep * shard:
+            raise ConfigError(
+                f"{where} is larger than the data-parallel size {rep * shard}: expected a "
+                "divisor of it (experts are split over data-parallel ranks)"
+            )
+        if (rep * shard) % ep:
+            raise ConfigError(f"{where} does not divide the data-parallel size {rep * shard}")
+        if ep > 1 and (rep > 1 or tp > 1 or pp > 1):
+            raise ConfigError(
+                f"{where} with HSDP replicas, tensor or pipeline parallelism is not supported "
+                "yet: expected data_parallel_replicate_degree, tensor_parallel_degree and "
+                "pipeline_parallel_degree of 1"
+            )
+        return cls(rep, shard, tp, world_size * pp, pp, ep)
 
 
 class ParallelMesh:
@@ -161,7 +179,8 @@ class ParallelMesh:
     def describe(self) -> str:
         d = self.dims
         pp = f"pp {d.pp} x " if d.pp > 1 else ""
+        ep = f", experts over groups of {d.ep}" if d.ep > 1 else ""
         return (
             f"mesh {pp}dp_replicate {d.dp_replicate} x dp_shard {d.dp_shard} x tp {d.tp} "
-            f"(data-parallel size {d.dp})"
+            f"(data-parallel size {d.dp}{ep})"
         )

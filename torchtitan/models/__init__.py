@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 _SPEC_MODULES: dict[str, str] = {
     "llama3": "torchtitan.models.llama3.spec",
     "vlm": "torchtitan.models.vlm.spec",
+    "moe": "torchtitan.models.moe.spec",
 }
 MODEL_NAMES: tuple[str, ...] = tuple(_SPEC_MODULES)
 
@@ -34,8 +35,9 @@ def get_model_spec(name: str) -> ModelSpec:
 
 
 def check_model_name(cfg: JobConfig) -> None:
-    """`[model] name` is a registered model: else a ConfigError naming where it was
-    set, the known models and the nearest one."""
+    """`[model] name` is a registered model, and the mixture-of-experts settings are
+    set only for one: else a ConfigError naming where it was set and what was
+    expected."""
     name = cfg.model.name
     if name not in _SPEC_MODULES:
         source = cfg.provenance.get(("model", "name"), "default")
@@ -43,4 +45,15 @@ def check_model_name(cfg: JobConfig) -> None:
         raise ConfigError(
             f"{source}: [model] name = {name!r} is invalid: expected one of {known}"
             f"{did_you_mean(name, MODEL_NAMES)}"
+        )
+    if get_model_spec(name).training_hooks is not None:
+        return
+    moe_settings = sorted(k for (section, k) in cfg.provenance if section == "moe")
+    if cfg.parallelism.expert_parallel_degree != 1:
+        moe_settings.insert(0, "parallelism.expert_parallel_degree")
+    if moe_settings:
+        first = moe_settings[0] if "." in moe_settings[0] else f"moe.{moe_settings[0]}"
+        raise ConfigError(
+            f"{first} is set, but the {name} model has no experts: expected a mixture-of-"
+            'experts model ([model] name = "moe") or the setting left out'
         )

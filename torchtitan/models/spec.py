@@ -60,6 +60,35 @@ class PipelineSplit:
     reads), split into micro-batches along the rows by the schedule."""
 
 
+class TrainingHooks(Protocol):
+    """A model's own work around each optimizer step, beyond its forward and backward
+    passes (a mixture of experts: its routing balance, moe/balance.py). The trainer
+    calls them in this order every step."""
+
+    def begin_step(self, tokens: int, micro_batches: int, count_pass: Callable[[], None]) -> None:
+        """Before the step's micro-batches: `tokens`, the global batch's tokens with a
+        target; `count_pass`, a forward pass over this rank's batch without gradients."""
+        ...
+
+    def extra_loss(self) -> torch.Tensor | None:
+        """After each micro-batch's forward: loss terms to add to it, already in the
+        trainer's units (this rank's summed loss scaled by dp / valid tokens)."""
+        ...
+
+    def end_backward(self) -> dict[str, float]:
+        """After the backward passes, before clipping (collective): figures to log."""
+        ...
+
+    def end_step(self, applied: bool) -> None:
+        """After the step: whether its update was applied."""
+        ...
+
+
+# (model, job config, mesh, a function summing a tensor over the global batch's ranks
+# in place) -> the model's hooks
+MakeHooks = Callable[..., TrainingHooks]
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -95,6 +124,9 @@ class ModelSpec:
     the training loop calls every model the same way."""
     pipeline: PipelineSplit | None = None
     """How the model splits into pipeline stages; None: it cannot (PP refused)."""
+    training_hooks: MakeHooks | None = None
+    """The model's work around each step (`TrainingHooks`); None: nothing beyond its
+    passes. A model with hooks is a mixture of experts: `[moe]` settings apply."""
 
 
 def text_inputs(mb: Any, device: torch.device) -> dict[str, Any]:

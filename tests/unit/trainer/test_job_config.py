@@ -36,6 +36,7 @@ def test_defaults() -> None:
         "validation",
         "data",
         "fault_tolerance",
+        "moe",
     }
 
 

@@ -119,7 +119,7 @@ def test_converted_query_rows_rotate_like_hugging_face():
 
 
 def test_registry():
-    assert MODEL_NAMES == ("llama3", "vlm")
+    assert MODEL_NAMES == ("llama3", "vlm", "moe")
     spec = get_model_spec("llama3")
     assert spec.name == "llama3" and set(spec.flavors) == {"debugmodel", "1B", "8B"}
     args = spec.model_args("debugmodel", vocab_size=300)

@@ -187,7 +187,7 @@ def test_llama_logits_are_unchanged_by_the_decoder_hook():
 
 
 def test_vlm_is_selected_by_name():
-    assert MODEL_NAMES == ("llama3", "vlm")
+    assert MODEL_NAMES == ("llama3", "vlm", "moe")
     spec = get_model_spec("vlm")
     assert spec.name == "vlm" and set(spec.flavors) == {"debugmodel", "1B"}
     assert spec.state_dict_adapter is None

@@ -180,7 +180,9 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         # ModuleDict keyed "0".."n-1": same FQNs as a list, and layers can be
         # removed (e.g. for pipeline stages) without renumbering.
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
+        self.layers = nn.ModuleDict(
+            {str(i): self.make_block(args, i) for i in range(args.n_layers)}
+        )
         self.norm = RMSNorm(args.dim, args.norm_eps)
         # Tied: project with the embedding matrix in forward instead of sharing a
         # Parameter object, which survives to_empty() and FSDP sharding untouched.
@@ -189,6 +191,17 @@ class Transformer(nn.Module):
         )
         # Derived from args, so never checkpointed (non-persistent).
         self.register_buffer("rope_cache", build_rope_cache(args), persistent=False)
+
+    def make_block(self, args: ModelArgs, layer: int) -> nn.Module:
+        """Layer `layer`'s block (a model family with other blocks overrides this)."""
+        return TransformerBlock(args)
+
+    def residual_weights(self, whole: nn.Module) -> list[torch.Tensor]:
+        """The projections that write into the residual stream (initialised smaller)."""
+        out = []
+        for block in whole.layers.values():
+            out += [block.attention.wo.weight, block.feed_forward.w2.weight]
+        return out
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """``tokens [B, S]`` (and optional per-document ``positions [B, S]``) ->
@@ -253,12 +266,9 @@ class Transformer(nn.Module):
         # The whole model's parameters, in order, even when this one holds a pipeline
         # stage's share: the draws, and so every weight, do not depend on the split.
         with torch.device("meta"):
-            whole = Transformer(self.args) if _is_pruned(self) else self
+            whole = type(self)(self.args) if _is_pruned(self) else self
         norm_params = {id(m.weight) for m in whole.modules() if isinstance(m, RMSNorm)}
-        residual_params: set[int] = set()
-        for block in whole.layers.values():
-            residual_params.add(id(block.attention.wo.weight))
-            residual_params.add(id(block.feed_forward.w2.weight))
+        residual_params = {id(w) for w in self.residual_weights(whole)}
 
         mine = dict(self.named_parameters())
         gen_device = generator.device if generator is not None else torch.device("cpu")
