@@ -60,6 +60,16 @@ def gpu_count_sensitivity(doc: dict[str, Any]) -> str:
     )
 
 
+def gpu_count_sensitivity_moe(doc: dict[str, Any]) -> str:
+    sizes, spread = doc["config"]["sizes"], doc["spread"]
+    free = max(v for b, v in spread.items() if b != "micro_batch_aux")
+    return (
+        f"validation-loss spread over {min(sizes)}-{max(sizes)} processes with expert "
+        f"parallelism: at most {_e(free)} (balance over the global batch) vs "
+        f"{_e(spread['micro_batch_aux'])} (per micro-batch, the usual way)"
+    )
+
+
 def mesh_resume_matrix(rows: list[dict[str, Any]]) -> str:
     resumes = [r for r in rows if "from scratch" not in r["run"]]
     return (
@@ -183,6 +193,7 @@ def mutation(doc: dict[str, Any]) -> str:
 CLAIMS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("A resume on 1, 2 or 8 processes trains on the original batches", "elastic_resume", elastic_resume),
     ("The trained model does not depend on the process count", "gpu_count_sensitivity", gpu_count_sensitivity),
+    ("Mixtures of experts too", "gpu_count_sensitivity_moe", gpu_count_sensitivity_moe),
     ("Any mesh: FSDP, HSDP, tensor and pipeline parallel", "mesh_resume_matrix", mesh_resume_matrix),
     ("Sizes that do not divide the lanes", "uneven_resume", uneven_resume),
     ("Two nodes resumed on one", "two_node_resume", two_node_resume),

@@ -67,7 +67,10 @@ from harness.train import (
 from zephon import LayoutError, resolve_layout
 
 CONFIG = REPO / "train_configs" / "llama3_debugmodel.toml"
+MOE_CONFIG = REPO / "train_configs" / "moe_debugmodel.toml"
 RESULTS = REPO / "docs" / "results" / "gpu_count_sensitivity.json"
+MOE_RESULTS = REPO / "docs" / "results" / "gpu_count_sensitivity_moe.json"
+BALANCES = ("bias", "global_aux", "micro_batch_aux")
 # The documentation page whose `<!-- NAME:begin/end -->` markers quote this script's summary.
 QUOTED_IN = "docs/results.md"
 
@@ -84,10 +87,16 @@ class Result:
     digests: list[str | None]
     wall_s: float
     dump: Path
+    balance: str | None = None
+    """The mixture of experts' routing balance (`--moe`), else None."""
 
     @property
     def key(self) -> str:
-        return f"{self.loader}-p{self.nproc}-mb{self.local_batch}"
+        return f"{self.variant}-p{self.nproc}-mb{self.local_batch}"
+
+    @property
+    def variant(self) -> str:
+        return self.balance or self.loader
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -106,7 +115,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--render", type=Path, default=None, help="no runs: regenerate the pages of a results JSON"
     )
-    p.add_argument("--sizes", type=parse_sizes, default=[1, 2, 4, 8], help="process counts")
+    p.add_argument(
+        "--sizes",
+        type=parse_sizes,
+        default=None,
+        help="process counts (default 1,2,4,8; --moe 1,2,4)",
+    )
     p.add_argument("--loaders", type=parse_loaders, default=list(LOADERS), help="zephon,hf")
     p.add_argument("--steps", type=int, default=24, help="optimizer steps (default 24)")
     p.add_argument(
@@ -137,7 +151,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--val-recipe", type=Path, default=REPO / "train_configs" / "data" / "sample_val.toml"
     )
     p.add_argument("--timeout", type=int, default=900, help="seconds allowed per run")
+    p.add_argument(
+        "--moe",
+        action="store_true",
+        help="the mixture-of-experts debugmodel instead, expert parallelism over every "
+        "process, one micro-batch a rank (as usual when the GPU count changes), once per "
+        f"--balances; results in {MOE_RESULTS.relative_to(REPO)} unless --results",
+    )
+    p.add_argument(
+        "--balances",
+        default=",".join(BALANCES),
+        help=f"--moe: routing balances to compare (default {','.join(BALANCES)})",
+    )
+    p.add_argument(
+        "--aux-loss-coef",
+        type=float,
+        default=None,
+        help="--moe: [moe] aux_loss_coef of the load-balance losses (default 0.05: five "
+        "times the config's, so that what the balance does shows within the run's 24 steps)",
+    )
     args = p.parse_args(argv)
+    if args.sizes is None:
+        args.sizes = [1, 2, 4] if args.moe else [1, 2, 4, 8]
+    if args.moe and args.aux_loss_coef is None:
+        args.aux_loss_coef = 0.05
+    if args.moe:
+        args.balances = [b for b in args.balances.split(",") if b]
+        if not args.balances or any(b not in BALANCES for b in args.balances):
+            p.error(f"--balances: expected some of {', '.join(BALANCES)}")
+        args.loaders = ["zephon"]
+        if args.results == RESULTS:
+            args.results = MOE_RESULTS
     if args.token_budget is not None:
         args.steps = args.token_budget // (args.global_batch * args.seq_len)
     if args.steps < 1:
@@ -155,8 +199,9 @@ def check_layout(args: argparse.Namespace) -> None:
         with open(recipe, "rb") as f:
             lanes.append(int(tomllib.load(f)["recipe"]["lanes"]))
     g = args.global_batch
-    combos = [(n, args.local_batch) for n in args.sizes]
-    combos += [(args.noise_procs, b) for b in [args.local_batch, *args.noise_local_batches]]
+    combos = [(n, local_batch_of(args, n)) for n in args.sizes]
+    noise = [local_batch_of(args, args.noise_procs), *args.noise_local_batches]
+    combos += [(args.noise_procs, b) for b in noise]
     for n, mb in combos:
         try:  # Zephon: the trainer's own planner (any n up to the lanes)
             for lane in lanes:
@@ -170,10 +215,30 @@ def check_layout(args: argparse.Namespace) -> None:
             )
 
 
-def train_args(args: argparse.Namespace, loader: str, local_batch: int) -> list[str]:
+def local_batch_of(args: argparse.Namespace, nproc: int) -> int:
+    """Rows per micro-batch on `nproc` processes: `--local-batch`; with `--moe`, a rank's
+    whole share of the global batch (no accumulation, as a run on more GPUs goes)."""
+    return args.global_batch // nproc if args.moe else args.local_batch
+
+
+def noise_variant(args: argparse.Namespace) -> str:
+    """The configuration the noise floor repeats: Zephon, or a layout-free balance."""
+    return (
+        next((b for b in args.balances if b != "micro_batch_aux"), "bias") if args.moe else "zephon"
+    )
+
+
+def train_args(
+    args: argparse.Namespace, loader: str, local_batch: int, nproc: int = 1,
+    balance: str | None = None,
+) -> list[str]:  # fmt: skip
+    moe = {"moe.balance": balance, "parallelism.expert_parallel_degree": nproc} if balance else {}
+    if balance and args.aux_loss_coef is not None:
+        moe["moe.aux_loss_coef"] = args.aux_loss_coef
     return overrides(
         {
-            "job.config_file": CONFIG,
+            **moe,
+            "job.config_file": MOE_CONFIG if balance else CONFIG,
             "training.seq_len": args.seq_len,
             "training.global_batch_size": args.global_batch,
             "training.local_batch_size": local_batch,
@@ -194,16 +259,23 @@ def train_args(args: argparse.Namespace, loader: str, local_batch: int) -> list[
 
 
 def run_one(
-    args: argparse.Namespace, loader: str, nproc: int, local_batch: int, runs_dir: Path
+    args: argparse.Namespace,
+    loader: str,
+    nproc: int,
+    local_batch: int,
+    runs_dir: Path,
+    balance: str | None = None,
 ) -> Result:
-    dump = runs_dir / f"{loader}-p{nproc}-mb{local_batch}"
+    variant = balance or loader
+    dump = runs_dir / f"{variant}-p{nproc}-mb{local_batch}"
     if dump.exists():
         shutil.rmtree(dump)
     dump.mkdir(parents=True)
     print(
-        f"[{loader}] {nproc} processes, micro-batch {local_batch}, {args.steps} steps", flush=True
+        f"[{variant}] {nproc} processes, micro-batch {local_batch}, {args.steps} steps", flush=True
     )
-    _, wall = run_logged(nproc, dump, train_args(args, loader, local_batch), args.timeout)
+    cli = train_args(args, loader, local_batch, nproc, balance)
+    _, wall = run_logged(nproc, dump, cli, args.timeout)
     validations = read_validation(dump)
     if not validations:
         raise RunFailed(
@@ -216,7 +288,7 @@ def run_one(
     digests = [records.get(s, {}).get("digest") for s in range(1, args.steps + 1)]
     final = records.get(args.steps, {}).get("loss")
     print(f"  validation loss {val:.10f} (step {val_step}) in {wall:.0f}s", flush=True)
-    return Result(loader, nproc, local_batch, val, val_step, final, digests, wall, dump)
+    return Result(loader, nproc, local_batch, val, val_step, final, digests, wall, dump, balance)
 
 
 def spread(values: list[float]) -> float:
@@ -225,6 +297,18 @@ def spread(values: list[float]) -> float:
 
 def settings_line(args: argparse.Namespace) -> str:
     tokens = args.steps * args.global_batch * args.seq_len
+    if args.moe:
+        coef = args.aux_loss_coef
+        if coef is None:
+            with open(MOE_CONFIG, "rb") as f:
+                coef = tomllib.load(f)["moe"]["aux_loss_coef"]
+        return (
+            f"MoE debugmodel (8 experts, top 2, one shared) from scratch, CPU/gloo, expert "
+            f"parallelism over every process, {args.steps} steps x global batch "
+            f"{args.global_batch} x seq {args.seq_len} = {tokens:,} tokens, one micro-batch a "
+            f"rank, load-balance loss coefficient {coef:g}, seed {args.seed}, recipe "
+            f"{args.recipe.name}; validation on {args.val_recipe.name}"
+        )
     return (
         f"Llama 3 debugmodel from scratch, CPU/gloo, {args.steps} steps x global batch "
         f"{args.global_batch} x seq {args.seq_len} = {tokens:,} tokens, micro-batch "
@@ -248,9 +332,11 @@ def results_doc(
     return {
         "settings": settings_line(args),
         "config": {
-            "model": "llama3/debugmodel",
+            "model": "moe/debugmodel" if args.moe else "llama3/debugmodel",
             "sizes": args.sizes,
             "loaders": args.loaders,
+            **({"balances": args.balances} if args.moe else {}),
+            **({"aux_loss_coef": args.aux_loss_coef} if args.aux_loss_coef is not None else {}),
             "steps": args.steps,
             "tokens": args.steps * args.global_batch * args.seq_len,
             "seq_len": args.seq_len,
@@ -274,6 +360,7 @@ def results_doc(
         "runs": [
             {
                 "loader": r.loader,
+                **({"balance": r.balance} if r.balance else {}),
                 "nproc": r.nproc,
                 "local_batch": r.local_batch,
                 # main: one of the process-count runs; noise_floor: one of the runs
@@ -297,7 +384,7 @@ def main_table(doc: dict[str, Any]) -> dict[str, dict[int, dict[str, Any]]]:
     table: dict[str, dict[int, dict[str, Any]]] = {}
     for r in doc["runs"]:
         if r["main"]:
-            table.setdefault(r["loader"], {})[r["nproc"]] = r
+            table.setdefault(r.get("balance") or r["loader"], {})[r["nproc"]] = r
     return table
 
 
@@ -321,7 +408,8 @@ def markdown(doc: dict[str, Any]) -> str:
     """The results page (docs/results/gpu_count_sensitivity.md), from the raw results."""
     cfg, floor = doc["config"], doc["noise_floor"]
     sizes, table = cfg["sizes"], main_table(doc)
-    head = ["loader", *[f"{n} proc" for n in sizes], "spread (max - min)", "vs. noise floor"]
+    axis = "balance" if "balances" in cfg else "loader"
+    head = [axis, *[f"{n} proc" for n in sizes], "spread (max - min)", "vs. noise floor"]
     head.append("distinct batch sequences")
     lines = [
         "# Validation loss vs. process count",
@@ -343,10 +431,11 @@ def markdown(doc: dict[str, Any]) -> str:
         for r in doc["runs"]
         if r["noise_floor"]
     )
+    noise_name = _noise_name(doc)
     lines += [
         "",
         f"**Noise floor: {floor:.2e}** = spread of the validation loss over one "
-        f"configuration (Zephon, {cfg['noise_procs']} processes) repeated with only the "
+        f"configuration ({noise_name}, {cfg['noise_procs']} processes) repeated with only the "
         f"micro-batch size changed, i.e. the same data with the fp32 sums regrouped "
         f"({noise_desc}). It is measured on the float64 value the trainer reports, so it "
         "is the model's own fp32 reduction-order noise, not a limit of the reading.",
@@ -360,6 +449,7 @@ def markdown(doc: dict[str, Any]) -> str:
             "its batches, and so the trained model, depend on the process count."
         )
         lines.append("")
+    lines += _moe_reading(doc)
     step = float64_step([r["val_loss"] for runs in table.values() for r in runs.values()])
     lines.append(
         "Values are the trainer's end-of-run validation loss, read at full precision from "
@@ -373,13 +463,38 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _noise_name(doc: dict[str, Any]) -> str:
+    """The configuration the noise floor repeats, in words."""
+    noise_of = next(r.get("balance") or r["loader"] for r in doc["runs"] if r["noise_floor"])
+    return "Zephon" if noise_of == "zephon" else f"balance {noise_of}"
+
+
+def _moe_reading(doc: dict[str, Any]) -> list[str]:
+    """The mixture-of-experts runs' reading: layout-free balances against the usual one."""
+    spreads, floor = doc["spread"], doc["noise_floor"]
+    if "micro_batch_aux" not in spreads:
+        return []
+    free = {b: v for b, v in spreads.items() if b != "micro_batch_aux"}
+    worst = max(free.values()) if free else 0.0
+    usual = spreads["micro_batch_aux"]
+    ratio = f", {usual / worst:,.0f}x the largest of those" if worst > 0 else ""
+    each = "; ".join(f"{b} {v:.2e} ({_vs_floor(v, floor)})" for b, v in free.items())
+    return [
+        f"Layout-free balances, expert loads counted over the global batch: {each}. "
+        f"micro_batch_aux, the load-balance loss per micro-batch: spread {usual:.2e}{ratio}: "
+        "the same batches train another model on another number of processes.",
+        "",
+    ]
+
+
 def quoted_summary(doc: dict[str, Any]) -> str:
     """The short table and its reading that QUOTED_IN quotes, every figure taken from
     the results."""
     cfg, floor = doc["config"], doc["noise_floor"]
     sizes, table = cfg["sizes"], main_table(doc)
+    axis = "balance" if "balances" in cfg else "loader"
     lines = [
-        "| loader | " + " | ".join(f"{n} proc" for n in sizes) + " | spread |",
+        f"| {axis} | " + " | ".join(f"{n} proc" for n in sizes) + " | spread |",
         "| --- | " + " | ".join("---" for _ in sizes) + " | --- |",
     ]
     for loader, runs in table.items():
@@ -391,7 +506,8 @@ def quoted_summary(doc: dict[str, Any]) -> str:
     text = (
         f"{doc['settings']}; {doc['wall_s'] / 60:.0f} min of runs on a shared 2-core machine. "
         "The noise floor, "
-        f"the same {cfg['noise_procs']}-process Zephon run with only the micro-batch size "
+        f"the same {cfg['noise_procs']}-process {_noise_name(doc)} run with only the "
+        "micro-batch size "
         f"changed, is {floor:.1e}; it keeps the process count, so it cannot include the "
         "regrouping of gradient sums across ranks that another process count brings."
     )
@@ -415,6 +531,13 @@ def quoted_summary(doc: dict[str, Any]) -> str:
             " The conventional loader trains on different batches at every process count: "
             f"its spread is {h:.2e}{ratio}."
         )
+    if "balances" in cfg:
+        same = (
+            "saw the same global batches"
+            if doc["zephon_same_batches_at_every_size"]
+            else ("did NOT all see the same global batches")
+        )
+        text += f" Every run {same}. " + " ".join(_moe_reading(doc)).strip()
     return "\n".join(lines) + "\n" + text + "\n"
 
 
@@ -448,9 +571,11 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     pad = max(hi - lo, 1e-3)
     ax.set_ylim(lo - 0.6 * pad, hi + 0.9 * pad)
     ax.set_xticks(range(len(loaders)))
-    ax.set_xticklabels([f"{ld} loader" for ld in loaders])
+    moe = "balances" in cfg
+    ax.set_xticklabels([ld if moe else f"{ld} loader" for ld in loaders])
     ax.set_ylabel("final validation loss (held-out set)")
-    ax.set_xlabel("loader (bars: process count that trained the model)")
+    what = "routing balance" if moe else "loader"
+    ax.set_xlabel(f"{what} (bars: process count that trained the model)")
     ax.legend(title="processes", fontsize=8, loc="upper left")
     ax.grid(axis="y", alpha=0.3)
     ax.set_title("validation loss by process count (y axis zoomed)", fontsize=10)
@@ -461,7 +586,8 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     vals = [doc["spread"][ld] for ld in loaders] + [noise_floor]
     positive = [v for v in vals if v > 0]
     floor_draw = 10 ** (math.floor(math.log10(min(positive))) - 1) if positive else 1e-12
-    bar_colors = ["tab:blue" if ld == "zephon" else "tab:orange" for ld in loaders] + ["0.5"]
+    layout_free = {"zephon", "bias", "global_aux"}
+    bar_colors = ["tab:blue" if ld in layout_free else "tab:orange" for ld in loaders] + ["0.5"]
     bars = ax2.bar(names, [max(v, floor_draw) for v in vals], color=bar_colors)
     for b, v in zip(bars, vals, strict=True):
         ax2.text(
@@ -477,15 +603,16 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     ax2.set_yscale("log")
     ax2.set_ylim(floor_draw / 2, max(max(vals), floor_draw) * 20)
     ax2.set_ylabel("max - min of validation loss over process counts")
-    ax2.set_xlabel(f"noise floor: Zephon, {cfg['noise_procs']} proc., other micro-batch size")
+    ax2.set_xlabel(f"noise floor: {cfg['noise_procs']} proc., other micro-batch size")
     ax2.set_title("spread vs. fp32 reduction-order noise (log)", fontsize=10)
     ax2.grid(axis="y", alpha=0.3)
 
     sizes_txt = ", ".join(str(n) for n in sizes)
     fig.suptitle(
-        f"Final validation loss vs. process count ({sizes_txt}): Llama 3 debugmodel from "
+        f"Final validation loss vs. process count ({sizes_txt}): {cfg['model']} from "
         f"scratch, {cfg['tokens']:,} tokens\n({cfg['steps']} steps x global batch "
-        f"{cfg['global_batch']} x seq {cfg['seq_len']}, micro-batch {cfg['local_batch']}, "
+        f"{cfg['global_batch']} x seq {cfg['seq_len']}, "
+        f"{'one micro-batch a rank' if moe else 'micro-batch ' + str(cfg['local_batch'])}, "
         f"seed {cfg['seed']}, same settings for every run; CPU/gloo)",
         fontsize=10.5,
     )
@@ -502,8 +629,9 @@ def publish(path: Path) -> int:
         return code
     doc = json.loads(path.read_text())
     plot(doc, path.with_name(path.stem + "_val_loss.png"))
-    if path.resolve() == RESULTS.resolve():
-        quote_in_page(QUOTED_IN, "gpu_count_sensitivity", quoted_summary(doc))
+    for committed in (RESULTS, MOE_RESULTS):
+        if path.resolve() == committed.resolve():
+            quote_in_page(QUOTED_IN, committed.stem, quoted_summary(doc))
     return 0
 
 
@@ -521,15 +649,23 @@ def main(argv: list[str] | None = None) -> int:
     main_runs: dict[str, dict[int, Result]] = {}
     noise_runs: list[Result] = []
     try:
-        for loader in args.loaders:
-            main_runs[loader] = {
-                n: run_one(args, loader, n, args.local_batch, runs_dir) for n in args.sizes
+        variants = [(b, "zephon", b) for b in args.balances] if args.moe else [
+            (ld, ld, None) for ld in args.loaders
+        ]  # fmt: skip
+        for name, loader, balance in variants:
+            main_runs[name] = {
+                n: run_one(args, loader, n, local_batch_of(args, n), runs_dir, balance)
+                for n in args.sizes
             }
-        base = main_runs.get("zephon", {}).get(args.noise_procs)
+        noise = noise_variant(args)
+        balance = noise if args.moe else None
+        base = main_runs.get(noise, {}).get(args.noise_procs)
         if base is None:
-            base = run_one(args, "zephon", args.noise_procs, args.local_batch, runs_dir)
+            lb = local_batch_of(args, args.noise_procs)
+            base = run_one(args, "zephon", args.noise_procs, lb, runs_dir, balance)
         noise_runs = [base] + [
-            run_one(args, "zephon", args.noise_procs, b, runs_dir) for b in args.noise_local_batches
+            run_one(args, "zephon", args.noise_procs, b, runs_dir, balance)
+            for b in args.noise_local_batches
         ]
     except RunFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
