@@ -44,38 +44,26 @@ class MoEArgs(ModelArgs):
         return layer >= self.n_dense_layers
 
 
+# Tiny model for CPU tests and smoke runs: 8 experts, 2 a token, one shared.
+_DEBUG = MoEArgs(
+    dim=128,
+    n_layers=4,
+    n_heads=4,
+    n_kv_heads=2,
+    vocab_size=2048,
+    multiple_of=256,
+    max_seq_len=2048,
+    n_experts=8,
+    top_k=2,
+    expert_hidden_dim=128,
+    n_shared_experts=1,
+    n_dense_layers=1,
+)
+
 MOE_FLAVORS: dict[str, MoEArgs] = {
-    # Tiny model for CPU tests and smoke runs: 8 experts, 2 a token, one shared.
-    "debugmodel": MoEArgs(
-        dim=128,
-        n_layers=4,
-        n_heads=4,
-        n_kv_heads=2,
-        vocab_size=2048,
-        multiple_of=256,
-        max_seq_len=2048,
-        n_experts=8,
-        top_k=2,
-        expert_hidden_dim=128,
-        n_shared_experts=1,
-        n_dense_layers=1,
-    ),
+    "debugmodel": _DEBUG,
     # The same with DeepSeek-V3's sigmoid router (renormalised top-k scores).
-    "debugmodel_sigmoid": MoEArgs(
-        dim=128,
-        n_layers=4,
-        n_heads=4,
-        n_kv_heads=2,
-        vocab_size=2048,
-        multiple_of=256,
-        max_seq_len=2048,
-        n_experts=8,
-        top_k=2,
-        expert_hidden_dim=128,
-        n_shared_experts=1,
-        n_dense_layers=1,
-        score_func="sigmoid",
-    ),
+    "debugmodel_sigmoid": dataclasses.replace(_DEBUG, score_func="sigmoid"),
     # A small GPU shape: 1.75B parameters with the Llama 3 vocabulary, 0.43B of them
     # in the matmuls a token goes through (32 experts, 4 a token, one shared).
     "1.7B": MoEArgs(
