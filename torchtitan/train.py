@@ -32,6 +32,7 @@ from torchtitan.components.divergence import DivergenceGuard, clip_grads, fold_l
 from torchtitan.components.flops import model_flops_utilisation
 from torchtitan.components.garbage_collection import ScheduledCollection
 from torchtitan.components.initial_load import initial_model_args, load_initial
+from torchtitan.components.job_fence import Leave
 from torchtitan.components.lr_scheduler import build_lr_scheduler, decay_window, lr_of_step
 from torchtitan.components.metrics import (
     StepMetrics,
@@ -52,6 +53,7 @@ from torchtitan.distributed.mesh import ParallelDims, ParallelMesh
 from torchtitan.distributed.utils import DistInfo, exit_process, init_distributed
 from torchtitan.models import check_model_name, get_model_spec
 from torchtitan.runtime.guard import JobGuard, fail_before_start, set_phase, stop_requests
+from torchtitan.runtime.preemption import exit_code as preemption_exit_code
 from torchtitan.torch_compat import compile_problem, floor_message
 from zephon import load_tokenizer
 
@@ -66,10 +68,14 @@ def _setup_logging(rank: int) -> None:
         stream=sys.stdout,
         force=True,
     )
-    # torchft logs every quorum and commit at INFO: the trainer's recovery line
-    # says what a user needs (RUST_LOG quiets its native half, read at import).
-    logging.getLogger("torchft").setLevel(logging.WARNING)
-    os.environ.setdefault("RUST_LOG", "warn")
+    # torchft logs every quorum and commit (empty structured records), every failed
+    # collective with a traceback and, on gloo too, NCCL's flight recorder: the
+    # trainer's recovery line says what a user needs. TORCHTITAN_FT_DEBUG=1 shows
+    # them (RUST_LOG, read at import, is torchft's native half).
+    debug = os.environ.get("TORCHTITAN_FT_DEBUG") == "1"
+    for name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors"):
+        logging.getLogger(name).setLevel(logging.DEBUG if debug else logging.CRITICAL)
+    os.environ.setdefault("RUST_LOG", "info" if debug else "error")
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -100,8 +106,7 @@ class Trainer:
         start, dp = self.resume_from or 0, dims.dp
         self.plan, self.layouts = _plan_data(cfg, self.spec, self.model_args, dims, start)
         self.mesh = ParallelMesh(dims, self.device.type)
-        # Who trains each step: this job alone, or the replica groups of each step's quorum
-        # (fault tolerance). The loader starts at this job's own coordinates.
+        # Who trains each step: this job alone, or each step's replica groups (torchft).
         self.driver: StepDriver = (
             ReplicaGroupSteps(
                 cfg, self.rank, dist_info.world_size, dp, self.device, self._loader,
@@ -151,8 +156,7 @@ class Trainer:
                 )
         elif cfg.checkpoint.initial_load_path:
             load_initial(cfg, self.model, self.optimizer, self.model_args)
-        # This rank's writer of the job's records, when the driver says it is its turn.
-        self.metrics = records_writer(None, *self.driver.records(self.step), cfg)
+        self.metrics = records_writer(None, *self.driver.records(self.step), cfg)  # if its turn
         self.collections = ScheduledCollection(t.gc_every_steps)  # last: turns Python's off
 
     def _loader(self, dp_rank: int, dp_size: int, recipe: str | None = None) -> TrainDataLoader:
@@ -258,8 +262,7 @@ class Trainer:
             self.metrics.log_validation(self.step, loss)
 
     def run(self) -> int:
-        cfg = self.cfg
-        steps = cfg.training.steps
+        cfg, steps = self.cfg, self.cfg.training.steps
         first = self.plan.phase_at(self.step + 1)
         logger.info(
             f"training steps {self.step + 1}..{steps} on {self.mesh.describe()}, device "
@@ -275,9 +278,12 @@ class Trainer:
             t0 = time.perf_counter()
             set_phase("quorum", self.step + 1)
             self.data = self.driver.begin(self.data, redo)  # who trains it, which lanes
+            if (leave := self.driver.leave(self.step + 1, steps)) is not None:
+                return _leave(leave, stops, self.rank, self.step)  # a stale replica group
             set_phase("data", self.step + 1)
+            t_data = time.perf_counter()  # (the quorum's wait is not the data's)
             batch = self.data.next_batch()
-            data_wait = time.perf_counter() - t0
+            data_wait = time.perf_counter() - t_data
             set_phase("collective", self.step + 1)
             agreed = self._batch_counts(batch, stops is not None and stops.requested())
             if not agreed.have_all:
@@ -380,6 +386,18 @@ class Trainer:
         self.data.close()
         if self.metrics is not None:
             self.metrics.close()
+
+
+def _leave(leave: Leave, stops: Any, rank: int, step: int) -> int:
+    """A replica group writes nothing more: its job finished without it (exit 0), or it
+    is stale (the preemption status, with one line from the launcher: run it again to
+    join)."""
+    if leave.finished or stops is None or stops.folder is None:
+        if rank == 0:
+            logger.warning(leave.line)
+        return 0 if leave.finished else preemption_exit_code()
+    stops.write_record({"rank": rank, "step": step, "reason": leave.reason, "what": leave.line})
+    return 0
 
 
 def _seed(t: Any, device: torch.device) -> None:

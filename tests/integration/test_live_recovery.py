@@ -5,10 +5,14 @@ lanes, and every step's global batch equals the one of an ordinary run."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,9 +25,9 @@ pytest.importorskip("torchft")
 FT = {"fault_tolerance.enable": "true", "fault_tolerance.group_count": 2}
 
 
-def _lighthouse(min_replicas: int = 1) -> tuple[subprocess.Popen[str], str]:
+def _lighthouse(min_replicas: int = 1, port: int = 0) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "torchtitan.runtime.lighthouse", "--port", "0",
+        [sys.executable, "-m", "torchtitan.runtime.lighthouse", "--port", str(port),
          "--host", "127.0.0.1", "--heartbeat-timeout-ms", "1500",
          "--min-replicas", str(min_replicas)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -44,11 +48,19 @@ def _alone_trained(dump: Path) -> bool:
     return any(r.get("replica_groups") == [0] for r in read_metrics(dump).values())
 
 
-def test_a_lost_group_costs_one_step_and_the_survivor_keeps_every_batch(tmp_path: Path) -> None:
-    ref_dump = tmp_path / "ref"
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
+    """The records of an ordinary 2-process run of the same job."""
+    ref_dump = tmp_path_factory.mktemp("ref")
     ref = Job(ref_dump, nproc=2, name="ref")
     assert ref.wait(240) == 0, ref.output()[-3000:]
-    want = read_metrics(ref_dump)
+    return read_metrics(ref_dump)
+
+
+def test_a_lost_group_costs_one_step_and_the_survivor_keeps_every_batch(
+    tmp_path: Path, reference: dict[int, dict[str, Any]]
+) -> None:
+    want = reference
 
     lighthouse, address = _lighthouse()
     dump = tmp_path / "ft"
@@ -89,6 +101,100 @@ def test_a_lost_group_costs_one_step_and_the_survivor_keeps_every_batch(tmp_path
     # is the one that trained alone after it.
     assert out.count("training steps 1..") == 1
     assert alone and survivor is not None and after == survivor, (survivor, after)
+
+
+def _signal(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def _hashes(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_a_group_paused_until_the_others_finished_writes_nothing(
+    tmp_path: Path, reference: dict[int, dict[str, Any]]
+) -> None:
+    """Split brain: group 1 is stopped (SIGSTOP) after a step both trained, group 0
+    drops it and finishes alone; group 1 then wakes up. It must not train the steps
+    again on its own: every checkpoint file and record stays as group 0 left them."""
+    lighthouse, address = _lighthouse()
+    dump = tmp_path / "ft"
+    quick = {**FT, "fault_tolerance.step_timeout_s": 5}
+    try:
+        groups = [
+            Job(dump, quick, nproc=1, name=f"group{k}",
+                env={"FT_LIGHTHOUSE": address, "FT_REPLICA_ID": str(k)})
+            for k in range(2)
+        ]  # fmt: skip
+        assert wait_for(lambda: _both_trained(dump), groups[0], 180), groups[0].output()[-3000:]
+        paused = groups[1].tree()
+        _signal(paused, signal.SIGSTOP)
+        try:
+            assert groups[0].wait(180) == 0, groups[0].output()[-3000:]
+            checkpoints, records = _hashes(dump / "checkpoint"), _hashes(dump / "job")
+            metrics = (dump / "metrics.jsonl").read_text()
+        finally:
+            _signal(paused, signal.SIGCONT)
+        assert groups[1].wait(180) == 0, groups[1].output()[-3000:]
+    finally:
+        lighthouse.terminate()
+        lighthouse.wait(10)
+    late = groups[1].output()
+    assert re.search(
+        r"replica group 1: the job finished at step 8 while this group was away \(it was at "
+        r"step \d\); it wrote nothing and leaves", late
+    ), late[-3000:]  # fmt: skip
+    assert "training done" not in late
+    assert _hashes(dump / "checkpoint") == checkpoints and len(checkpoints) > 0
+    assert _hashes(dump / "job") == records
+    assert (dump / "metrics.jsonl").read_text() == metrics
+    assert digests_ok(dump, reference) is None, digests_ok(dump, reference)
+
+
+def test_a_lighthouse_gone_past_the_quorum_timeout_stops_the_groups_like_a_preemption(
+    tmp_path: Path, reference: dict[int, dict[str, Any]]
+) -> None:
+    """The lighthouse killed after a step both groups trained, and not started again:
+    each group says so in one line naming it, waits `quorum_timeout_s` keeping its
+    state, then stops with the preemption status and one line from the launcher;
+    every step it committed is the job's, once, with the ordinary run's batches."""
+    lighthouse, address = _lighthouse()
+    dump = tmp_path / "ft"
+    try:
+        groups = [
+            Job(dump, {**FT, "fault_tolerance.quorum_timeout_s": 8}, nproc=1, name=f"group{k}",
+                env={"FT_LIGHTHOUSE": address, "FT_REPLICA_ID": str(k)})
+            for k in range(2)
+        ]  # fmt: skip
+        assert wait_for(lambda: _both_trained(dump), groups[0], 180), groups[0].output()[-3000:]
+    finally:
+        lighthouse.kill()
+        lighthouse.wait(10)
+    codes = [g.wait(120) for g in groups]
+    outs = [g.output() for g in groups]
+    assert codes == [3, 3], (codes, [o[-3000:] for o in outs])
+    for k, out in enumerate(outs):
+        lines = out.splitlines()
+        lost = [x for x in lines if f"replica group {k}: the lighthouse {address}" in x]
+        assert len(lost) == 1 and "does not answer (ConnectionRefusedError)" in lost[0], lost
+        ends = [x for x in lines if x.startswith("stopped at step")]
+        assert len(ends) == 1, out[-3000:]
+        assert (
+            f"(lighthouse lost): replica group {k}: no quorum from the lighthouse {address}"
+            in (ends[0])
+        ), ends
+        assert "Traceback" not in out and "flight recorder" not in out, out[-3000:]
+        assert not re.search(r"^\[rank0\]:[0-9:]+ $", out, re.M), "a blank log line"
+    last = max(read_metrics(dump))
+    assert last >= 1 and digests_ok(dump, reference, last=last) is None
 
 
 def test_an_unreachable_lighthouse_and_a_second_group_with_one_id_are_one_line_each(

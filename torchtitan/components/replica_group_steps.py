@@ -20,11 +20,12 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
 from torchtitan.components.agreement import StepAgreement
+from torchtitan.components.job_fence import JobFence, Leave
 from torchtitan.components.recovery_log import RecoveryLog
 from torchtitan.components.step_driver import BuildLoader
 from torchtitan.config.job_config import JobConfig
 from torchtitan.datasets.dataloader import TrainDataLoader
-from torchtitan.distributed.replica_groups import Membership, replica_groups
+from torchtitan.distributed.replica_groups import LighthouseLost, Membership, replica_groups
 
 logger = logging.getLogger("torchtitan")
 
@@ -64,15 +65,22 @@ class ReplicaGroupSteps:
         """Every lane's state after the step in flight (gathered before its commit)."""
         self.log = RecoveryLog(self.groups.replica_id)
         self._dp_rank = 0
+        self._lost: Leave | None = None
+        """Set when the lighthouse did not come back in time."""
+        self.fence = JobFence(cfg.job.dump_folder, f"replica group {self.groups.replica_id}")
+        """The job's generation (job_fence.py): read and written by this group's rank 0."""
 
     def _state_for_peer(self) -> dict[str, Any]:
         """What a joining group copies from this one (at a step start)."""
-        return {**self._own_state(), "data": self.start_doc}
+        return {**self._own_state(), "data": self.start_doc, "generation": self.fence.generation}
 
     def _load_from_peer(self, state: dict[str, Any]) -> None:
-        """A peer's state was copied in: its lanes' state; the loader is dealt again."""
+        """A peer's state was copied in: its lanes' state and generation; the loader is
+        dealt again."""
         self._load_own_state(state)
         self.start_doc = state["data"]
+        if state.get("generation") is not None:
+            self.fence.adopt(int(state["generation"]))
         self.membership = Membership(0, 0)
 
     def loader(self, dp_rank: int) -> TrainDataLoader:
@@ -88,7 +96,11 @@ class ReplicaGroupSteps:
         loader is `data` when the membership gives this group the coordinates it
         was built for; else (or when the step is made again after a failed one) a
         new one, restored from every lane's state at the step start."""
-        membership = self.groups.begin_step()
+        try:
+            membership = self.groups.begin_step()
+        except LighthouseLost as exc:
+            self._lost = Leave("lighthouse lost", str(exc))  # `leave` says it: nothing more written
+            return data
         if membership == self.membership and not redo:
             return data
         data.close()
@@ -97,6 +109,24 @@ class ReplicaGroupSteps:
         if self.start_doc is not None:
             data.restore(self.start_doc)
         return data
+
+    def leave(self, next_step: int, last_step: int) -> Leave | None:
+        """Collective over this group, after the step's quorum: whether it must stop
+        writing and leave (job_fence.py). The first group of the job's first quorum
+        (nobody to copy from) begins a generation; the group's rank 0 decides for all
+        its ranks."""
+        if self._lost is not None:
+            return self._lost
+        verdict: Leave | None = None
+        if self.rank == 0:
+            verdict = self.fence.verdict(next_step, last_step)
+            first = self.fence.generation is None and not self.groups.healed
+            if verdict is None and first and self.membership.index == 0:
+                self.fence.begin_generation(next_step - 1)
+        shared: list[Any] = [verdict]
+        if dist.get_world_size() > 1:
+            dist.broadcast_object_list(shared, src=0)
+        return shared[0]
 
     def agree(self, mine: StepAgreement) -> StepAgreement:
         """This group's agreement summed over the step's groups (the batch is all of
@@ -133,7 +163,17 @@ class ReplicaGroupSteps:
         line = self.log.committed(step, t0, self.groups.healed)
         if line and self.rank == 0:
             logger.warning(line)
-        return self.records(step)
+        writes, trim_after = self.records(step)
+        if self.rank == 0:
+            if self.fence.generation is None:  # started beside the first group: its
+                state = self.fence.state()  # generation was written before this step
+                if state is not None:
+                    self.fence.adopt(state.generation)
+            if writes:
+                if self.fence.generation is None:  # nobody began one: this writer does
+                    self.fence.begin_generation(step - 1)
+                self.fence.committed(step)
+        return writes, trim_after
 
     def records(self, step: int) -> tuple[bool, int | None]:
         """The first group's rank 0 writes each committed step's records. A group
@@ -168,6 +208,8 @@ class ReplicaGroupSteps:
         parts: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(parts, h.hexdigest())
         digest = hashlib.sha256("".join(parts).encode()).hexdigest()
+        if self.rank == 0 and self.membership.index == 0:
+            self.fence.finish(step)  # after its last checkpoint: the job is done
         if self.rank == 0:
             logger.warning(
                 f"replica group {self.groups.replica_id} parameters at step {step}: {digest}"

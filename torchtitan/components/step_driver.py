@@ -7,6 +7,8 @@ docs/fault_tolerance.md) is asked of a `StepDriver`, chosen once at start:
 
 - `begin`: who trains this step and which lanes each rank takes (the quorum;
   the loader, dealt again when the membership changed or the step is redone);
+- `leave`: whether this process must write nothing more and leave (a replica
+  group that came back after the job went on without it: job_fence.py);
 - `agree` and `sum_`: the step's counts and sums over everyone who trains it;
 - `conclude`: whether the step commits; a step that does not is made again,
   with the same bytes;
@@ -29,6 +31,7 @@ import torch
 import torch.nn as nn
 
 from torchtitan.components.agreement import StepAgreement
+from torchtitan.components.job_fence import Leave
 from torchtitan.config.job_config import FaultTolerance
 from torchtitan.datasets.dataloader import TrainDataLoader
 from torchtitan.distributed.replica_groups import OneGroup, ReplicaGroups
@@ -59,6 +62,11 @@ class StepDriver(Protocol):
     def begin(self, data: TrainDataLoader, redo: bool) -> TrainDataLoader:
         """Who trains the coming step and the loader it reads (`data`, or one dealt
         again); `redo`: the previous step did not commit and is made again."""
+        ...
+
+    def leave(self, next_step: int, last_step: int) -> Leave | None:
+        """After `begin`: whether this process must write nothing more and leave the
+        job (a stale replica group, or one whose job finished while it was away)."""
         ...
 
     def agree(self, mine: StepAgreement) -> StepAgreement:
@@ -124,6 +132,9 @@ class OneJob:
 
     def begin(self, data: TrainDataLoader, redo: bool) -> TrainDataLoader:
         return data
+
+    def leave(self, next_step: int, last_step: int) -> Leave | None:
+        return None  # the dump-folder lock keeps any other job out
 
     def agree(self, mine: StepAgreement) -> StepAgreement:
         return mine

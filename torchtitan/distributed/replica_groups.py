@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -27,6 +30,11 @@ import torch.distributed as dist
 from torchtitan.config.job_config import ConfigError, FaultTolerance
 
 logger = logging.getLogger("torchtitan")
+
+
+class LighthouseLost(RuntimeError):
+    """The lighthouse did not come back within the quorum timeout: this group stops
+    like a preemption (its committed steps are the job's; a relaunch rejoins)."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +150,7 @@ class TorchftGroups:
         from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 
         self.device = device
+        self.rank_in_group = rank_in_group
         self._healed = False
         self._load = load
         self.replica_id = ft.replica_id
@@ -170,12 +179,70 @@ class TorchftGroups:
                 # Every group builds the same initial model from the same seed (or
                 # loads the same checkpoint): no copy at step 0.
                 init_sync=False,
+                # The lighthouse may restart: torchft's manager server asks it again
+                # about once a second (a new connection each time) until the quorum
+                # timeout, so a lighthouse back within it costs no committed step.
+                quorum_retries=max(1, int(ft.quorum_timeout_s)),
             )
         except Exception as exc:
             raise ConfigError(_unreachable(ft, exc)) from exc
+        self._had_quorum = False
+        self._lost_since: float | None = None  # when the lighthouse stopped answering
         self._ft = ft
         self.manager.register_state_dict_fn("trainer", self._on_load, save)
         self.manager.load_state_dict({"step": step, "batches_committed": 0})
+
+    def _answers(self) -> BaseException | None:
+        """None if the lighthouse accepts a connection (well under a millisecond when
+        it is there), else why not."""
+        host, _, port = self._ft.lighthouse.rpartition("://")[2].rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=2.0).close()
+        except (OSError, ValueError) as exc:
+            return exc
+        return None
+
+    def _watch_lighthouse(self, waiting: threading.Event) -> None:
+        """While this group waits for a quorum: one line as soon as the lighthouse
+        stops answering (torchft's manager asks it again meanwhile)."""
+        while not waiting.wait(1.0):
+            if self._lost_since is not None:
+                return
+            why = self._answers()
+            if why is not None:
+                self._lost_since = time.monotonic()
+                if self.rank_in_group == 0:
+                    logger.warning(
+                        f"replica group {self.replica_id}: the lighthouse {self._ft.lighthouse} "
+                        f"does not answer ({type(why).__name__}); this group keeps its state and "
+                        f"waits for it up to fault_tolerance.quorum_timeout_s = "
+                        f"{self._ft.quorum_timeout_s:g} s"
+                    )
+                return
+
+    def _quorum(self) -> None:
+        """torchft's quorum, watched (after the first) for a lighthouse that went away."""
+        if not self._had_quorum:
+            self.manager.start_quorum()
+            return
+        done = threading.Event()
+        watcher = threading.Thread(target=self._watch_lighthouse, args=(done,), daemon=True)
+        watcher.start()
+        try:
+            self.manager.start_quorum()
+        finally:
+            done.set()
+            watcher.join()
+
+    def _lost(self, exc: BaseException) -> str:
+        waited = time.monotonic() - self._lost_since if self._lost_since is not None else None
+        since = f" for {waited:.0f} s" if waited is not None else ""
+        first = _first_line(exc)
+        return (
+            f"replica group {self.replica_id}: no quorum from the lighthouse "
+            f"{self._ft.lighthouse}{since} ({type(exc).__name__}{': ' + first if first else ''}); "
+            "its committed steps are the job's: start the lighthouse again, then this group"
+        )
 
     def _on_load(self, state: dict[str, Any]) -> None:
         self._healed = True
@@ -196,11 +263,21 @@ class TorchftGroups:
         while True:
             before = self.manager.current_step()
             try:
-                self.manager.start_quorum()
+                self._quorum()
             except Exception as exc:
+                if self._had_quorum:
+                    raise LighthouseLost(self._lost(exc)) from None
                 if "connect" in str(exc).lower() or "lighthouse" in str(exc).lower():
                     raise ConfigError(_unreachable(self._ft, exc)) from exc
                 raise
+            self._had_quorum = True
+            if self._lost_since is not None and self.rank_in_group == 0:
+                logger.warning(
+                    f"replica group {self.replica_id}: the lighthouse {self._ft.lighthouse} "
+                    f"answers again after {time.monotonic() - self._lost_since:.1f} s; "
+                    "training on"
+                )
+            self._lost_since = None
             ok, copied = self.manager.errored() is None, self._healed
             # Over this group's ranks: all whole? all copied? any copy earlier (-1)?
             flags = torch.tensor(
@@ -220,9 +297,10 @@ class TorchftGroups:
             self.manager.load_state_dict(
                 {"step": before, "batches_committed": self.manager.batches_committed()}
             )
+            why = _first_line(self.manager.errored()) or "on another rank of this group"
             logger.warning(
-                f"replica group {self.replica_id}: the quorum broke as it formed "
-                f"({self.manager.errored() or 'on another rank of this group'}); asking again"
+                f"replica group {self.replica_id}: the quorum broke as it formed ({why}); "
+                "asking again"
             )
         rank = self.manager.participating_rank()
         if rank is None:  # not taking part (a spare above min_replicas): never here
@@ -294,6 +372,12 @@ class TorchftGroups:
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)
+
+
+def _first_line(error: object) -> str:
+    """The first line of an error (torchft's carry the traceback), at most 200 chars."""
+    text = str(error).strip() if error is not None else ""
+    return text.splitlines()[0][:200] if text else ""
 
 
 def _url(address: str) -> str:

@@ -167,6 +167,7 @@ class CheckpointManager:
         self.boundaries = frozenset(boundaries)
         self._boundary_dirs: dict[str, bool] = {}
         self.folder = checkpoint_folder(cfg, dump_folder)
+        self.shared = shared
         self.state = _TrainState(model, optimizer, lr_scheduler)
         self.rank = dist.get_rank()
         self._device = next(model.parameters()).device
@@ -243,6 +244,11 @@ class CheckpointManager:
             return False
         t0 = time.perf_counter()
         path = self.step_dir(step)
+        if self.shared and os.path.exists(os.path.join(path, COMPLETE_FILE)):
+            # Replica groups: a complete checkpoint is the job's history; whoever
+            # writes this step again is not its writer (job_fence.py).
+            logger.warning(f"checkpoint {path} is complete already: NOT written again")
+            return False
         if self.rank == 0:
             if os.path.isdir(path):
                 # Leftovers of an earlier save of this step: marker first, so a
