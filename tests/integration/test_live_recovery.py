@@ -197,6 +197,33 @@ def test_a_lighthouse_gone_past_the_quorum_timeout_stops_the_groups_like_a_preem
     assert last >= 1 and digests_ok(dump, reference, last=last) is None
 
 
+def test_a_group_with_other_settings_refuses_and_the_other_goes_on(
+    tmp_path: Path, reference: dict[int, dict[str, Any]]
+) -> None:
+    """Two groups started together, group 1 with another seq_len: group 1 refuses in
+    one line naming the setting (exit 2); group 0 trains the whole job alone."""
+    lighthouse, address = _lighthouse()
+    dump = tmp_path / "ft"
+    try:
+        groups = [
+            Job(dump, {**FT, **({"training.seq_len": 32} if k else {})}, nproc=1,
+                name=f"group{k}", env={"FT_LIGHTHOUSE": address, "FT_REPLICA_ID": str(k)})
+            for k in range(2)
+        ]  # fmt: skip
+        codes = [g.wait(180) for g in groups]
+    finally:
+        lighthouse.terminate()
+        lighthouse.wait(10)
+    outs = [g.output() for g in groups]
+    assert codes == [0, 2], (codes, [o[-3000:] for o in outs])
+    errors = [line for line in outs[1].splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, outs[1][-3000:]
+    assert "replica group 1 has other settings than" in errors[0], errors
+    assert "training.seq_len = 32 here, 64 there" in errors[0], errors
+    assert "Traceback" not in outs[1]
+    assert digests_ok(dump, reference) is None, digests_ok(dump, reference)
+
+
 def test_an_unreachable_lighthouse_and_a_second_group_with_one_id_are_one_line_each(
     tmp_path: Path,
 ) -> None:

@@ -10,6 +10,7 @@ A job alone uses `OneJob` (step_driver.py) instead, which does none of this."""
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +24,7 @@ from torchtitan.components.agreement import StepAgreement
 from torchtitan.components.job_fence import JobFence, Leave
 from torchtitan.components.recovery_log import RecoveryLog
 from torchtitan.components.step_driver import BuildLoader
-from torchtitan.config.job_config import JobConfig
+from torchtitan.config.job_config import ConfigError, JobConfig
 from torchtitan.datasets.dataloader import TrainDataLoader
 from torchtitan.distributed.replica_groups import LighthouseLost, Membership, replica_groups
 
@@ -101,6 +102,8 @@ class ReplicaGroupSteps:
         except LighthouseLost as exc:
             self._lost = Leave("lighthouse lost", str(exc))  # `leave` says it: nothing more written
             return data
+        if membership != self.membership:
+            self._check_settings()
         if membership == self.membership and not redo:
             return data
         data.close()
@@ -109,6 +112,30 @@ class ReplicaGroupSteps:
         if self.start_doc is not None:
             data.restore(self.start_doc)
         return data
+
+    def _check_settings(self) -> None:
+        """Collective over the quorum's groups, when it changed: every group's settings
+        against those of the groups already training (at the job's start, the first
+        group's). A group that differs refuses, naming each setting: the others go on
+        without it (its next collective fails; the step is made again)."""
+        mine = {**_settings(self.cfg), "_training": self.log.quorum is not None}
+        got = self.groups.gather_bytes(json.dumps(mine, sort_keys=True).encode())
+        if got is None:
+            return  # a group failed as the quorum formed: the step is made again
+        docs = [json.loads(b) for b in got]
+        ref_index = next((i for i, d in enumerate(docs) if d["_training"]), 0)
+        ref = docs[ref_index]
+        diff = sorted(
+            k for k in set(mine) | set(ref) if k != "_training" and mine.get(k) != ref.get(k)
+        )
+        if not diff:
+            return
+        theirs = "the groups training" if ref["_training"] else "the first group"
+        raise ConfigError(
+            f"replica group {self.groups.replica_id} has other settings than {theirs}: "
+            + "; ".join(f"{k} = {mine.get(k)} here, {ref.get(k)} there" for k in diff)
+            + " (every replica group needs the same job config and recipe)"
+        )
 
     def leave(self, next_step: int, last_step: int) -> Leave | None:
         """Collective over this group, after the step's quorum: whether it must stop
@@ -217,6 +244,30 @@ class ReplicaGroupSteps:
 
     def close(self) -> None:
         self.groups.close()
+
+
+# Sections whose settings every replica group must share (the rest: where and how
+# each group logs, saves and finds the lighthouse).
+SHARED_SECTIONS = ("model", "training", "parallelism", "optimizer", "lr_scheduler", "data", "moe")
+
+
+def _settings(cfg: JobConfig) -> dict[str, str]:
+    """The settings replica groups must share, flat (`section.field`), with the
+    recipe file's content digest (one path may name different files on two nodes)."""
+    doc = cfg.to_dict()
+    out = {
+        f"{section}.{field}": str(value)
+        for section in SHARED_SECTIONS
+        for field, value in sorted(doc.get(section, {}).items())
+    }
+    for key in ("group_count", "min_replicas"):
+        out[f"fault_tolerance.{key}"] = str(doc["fault_tolerance"][key])
+    try:
+        with open(cfg.data.recipe, "rb") as f:
+            out["data.recipe (content)"] = hashlib.sha256(f.read()).hexdigest()[:16]
+    except OSError:
+        pass  # (the loader says it; a group without it stops at start anyway)
+    return out
 
 
 def lanes_per_group(lanes: int, groups: int, dp: int) -> list[int]:
