@@ -246,7 +246,13 @@ class PolicyAgent(LocalElasticAgent):
         if os.path.exists(mark):
             os.remove(mark)
         _running = True
-        return super()._start_workers(worker_group)
+        started = super()._start_workers(worker_group)
+        # When one worker fails, torchrun's process context stops the others itself
+        # (SIGTERM from its poll, before this agent's _shutdown): marked first too.
+        context = getattr(self, "_pcontext", None)
+        if context is not None:
+            mark_before_close(context, mark)
+        return started
 
     def _shutdown(self, *args: Any, **kwargs: Any) -> None:
         # torch 2.11 calls it with (death_sig), 2.13 with (death_sig, timeout)
@@ -257,6 +263,20 @@ class PolicyAgent(LocalElasticAgent):
             pass
         _running = False
         super()._shutdown(*args, **kwargs)
+
+
+def mark_before_close(context: Any, mark: str) -> None:
+    """Make `context.close` (torchrun's process context: it signals the workers)
+    write `mark` first, so a rank takes that SIGTERM for the agent's, not for a
+    preemption warning."""
+    close = context.close
+
+    def marked_close(*args: Any, **kwargs: Any) -> Any:
+        with open(mark, "w"):
+            pass
+        return close(*args, **kwargs)
+
+    context.close = marked_close
 
 
 def install(error_dir: str) -> None:

@@ -68,18 +68,38 @@ def report_failures(folder: str, failures: dict[int, Any]) -> int:
     if summary:
         print(failure.format_record(summary, summary=True), file=sys.stderr, flush=True)
         return failure.KINDS.get(summary["kind"], failure.EXIT_CRASH)
-    lines = []
+    print(f"error: {lost_ranks_line(failures)}", file=sys.stderr, flush=True)
+    return failure.EXIT_CRASH
+
+
+def lost_ranks_line(failures: dict[int, Any]) -> str:
+    """What ended a job whose ranks left no record. Ranks killed by a signal, the
+    others stopped by the launcher (exit 128 + SIGTERM): a process killed from
+    outside the job (an operator, the out-of-memory killer), and the rest stopped
+    after it; anything else keeps the generic line."""
+    stopped = 128 + signal.SIGTERM
+    parts, killed, other = [], False, False
     for rank, f in sorted(failures.items()):
         code = getattr(f, "exitcode", None)
-        how = f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit {code}"
-        lines.append(f"rank {rank} {how}")
-    print(
-        "error: the job failed without a message from a rank (" + ", ".join(lines) + "); "
-        "see the log above",
-        file=sys.stderr,
-        flush=True,
-    )
-    return failure.EXIT_CRASH
+        if code is not None and code < 0:
+            killed = True
+            parts.append(f"rank {rank} killed by {signal.Signals(-code).name}")
+        elif code == stopped:
+            parts.append(f"rank {rank} stopped by the launcher")
+        else:
+            other = True
+            parts.append(f"rank {rank} exit {code}")
+    if killed and not other:
+        line = (
+            f"no rank reported an error ({', '.join(parts)}): a process was killed from "
+            "outside the job (an operator, the out-of-memory killer) and the others were "
+            "stopped after it"
+        )
+        group = os.environ.get("FT_REPLICA_ID")
+        if group is not None:
+            line += f"; replica group {group} left the job (run it again to rejoin)"
+        return line
+    return f"the job failed without a message from a rank ({', '.join(parts)}); see the log above"
 
 
 def report_end(folder: str, failures: dict[int, Any]) -> int:

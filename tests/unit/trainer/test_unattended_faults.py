@@ -333,3 +333,36 @@ def test_a_requeued_job_takes_over_its_own_lock_on_another_host(tmp_path, monkey
     (tmp_path / LOCK_FILE).write_text(json.dumps({**old, "job_id": "slurm-78"}))
     with pytest.raises(DumpFolderLocked, match="pid 1 on node-a"):
         DumpLock(str(tmp_path)).acquire()
+
+
+def test_a_rank_killed_from_outside_is_named_as_the_cause(monkeypatch):
+    """No record from any rank: the one killed by a signal is the cause, the others
+    (exit 128 + SIGTERM: the launcher's stop) stopped with it; under replica groups
+    the group leaves. A crash of another kind keeps the generic line."""
+    monkeypatch.delenv("FT_REPLICA_ID", raising=False)
+    lost = {0: SimpleNamespace(exitcode=143), 1: SimpleNamespace(exitcode=-signal.SIGKILL)}
+    assert launcher.lost_ranks_line(lost) == (
+        "no rank reported an error (rank 0 stopped by the launcher, rank 1 killed by SIGKILL): "
+        "a process was killed from outside the job (an operator, the out-of-memory killer) "
+        "and the others were stopped after it"
+    )
+    monkeypatch.setenv("FT_REPLICA_ID", "1")
+    assert launcher.lost_ranks_line(lost).endswith(
+        "; replica group 1 left the job (run it again to rejoin)"
+    )
+    crashed = {0: SimpleNamespace(exitcode=1), 1: SimpleNamespace(exitcode=-signal.SIGKILL)}
+    assert launcher.lost_ranks_line(crashed) == (
+        "the job failed without a message from a rank (rank 0 exit 1, rank 1 killed by "
+        "SIGKILL); see the log above"
+    )
+
+
+def test_the_agent_marks_its_folder_before_torchrun_stops_the_other_workers(tmp_path):
+    """torchrun's process context signals the surviving workers itself when one fails;
+    the mark must be there first, so a rank does not take it for a preemption."""
+    mark = tmp_path / preemption.AGENT_STOPPING
+    seen: list[bool] = []
+    context = SimpleNamespace(close=lambda *a, **k: seen.append(mark.exists()))
+    agent.mark_before_close(context, str(mark))
+    context.close(signal.SIGTERM)
+    assert seen == [True]
