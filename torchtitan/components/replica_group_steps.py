@@ -66,6 +66,8 @@ class ReplicaGroupSteps:
         """Every lane's state after the step in flight (gathered before its commit)."""
         self.log = RecoveryLog(self.groups.replica_id)
         self._dp_rank = 0
+        self._mismatch: str | None = None
+        """Set when the peer this group copied from has other settings."""
         self._lost: Leave | None = None
         """Set when the lighthouse did not come back in time."""
         self.fence = JobFence(cfg.job.dump_folder, f"replica group {self.groups.replica_id}")
@@ -73,11 +75,22 @@ class ReplicaGroupSteps:
 
     def _state_for_peer(self) -> dict[str, Any]:
         """What a joining group copies from this one (at a step start)."""
-        return {**self._own_state(), "data": self.start_doc, "generation": self.fence.generation}
+        return {
+            **self._own_state(),
+            "data": self.start_doc,
+            "generation": self.fence.generation,
+            "settings": _settings(self.cfg),
+        }
 
     def _load_from_peer(self, state: dict[str, Any]) -> None:
         """A peer's state was copied in: its lanes' state and generation; the loader is
         dealt again."""
+        if state.get("settings") is not None and state["settings"] != _settings(self.cfg):
+            # Copy nothing (the shapes may differ): `begin` refuses, naming them.
+            self._mismatch = _differences(
+                self.groups.replica_id, _settings(self.cfg), state["settings"], True
+            )
+            return
         self._load_own_state(state)
         self.start_doc = state["data"]
         if state.get("generation") is not None:
@@ -102,6 +115,8 @@ class ReplicaGroupSteps:
         except LighthouseLost as exc:
             self._lost = Leave("lighthouse lost", str(exc))  # `leave` says it: nothing more written
             return data
+        if self._mismatch is not None:
+            raise ConfigError(self._mismatch)
         if membership != self.membership:
             self._check_settings()
         if membership == self.membership and not redo:
@@ -125,17 +140,10 @@ class ReplicaGroupSteps:
         docs = [json.loads(b) for b in got]
         ref_index = next((i for i, d in enumerate(docs) if d["_training"]), 0)
         ref = docs[ref_index]
-        diff = sorted(
-            k for k in set(mine) | set(ref) if k != "_training" and mine.get(k) != ref.get(k)
-        )
-        if not diff:
-            return
-        theirs = "the groups training" if ref["_training"] else "the first group"
-        raise ConfigError(
-            f"replica group {self.groups.replica_id} has other settings than {theirs}: "
-            + "; ".join(f"{k} = {mine.get(k)} here, {ref.get(k)} there" for k in diff)
-            + " (every replica group needs the same job config and recipe)"
-        )
+        training = bool(ref.pop("_training"))
+        mine.pop("_training")
+        if mine != ref:
+            raise ConfigError(_differences(self.groups.replica_id, mine, ref, training))
 
     def leave(self, next_step: int, last_step: int) -> Leave | None:
         """Collective over this group, after the step's quorum: whether it must stop
@@ -268,6 +276,17 @@ def _settings(cfg: JobConfig) -> dict[str, str]:
     except OSError:
         pass  # (the loader says it; a group without it stops at start anyway)
     return out
+
+
+def _differences(group: int, mine: dict[str, str], ref: dict[str, str], training: bool) -> str:
+    """One line: each setting where this group differs from the reference group."""
+    diff = sorted(k for k in set(mine) | set(ref) if mine.get(k) != ref.get(k))
+    theirs = "the groups training" if training else "the first group"
+    return (
+        f"replica group {group} has other settings than {theirs}: "
+        + "; ".join(f"{k} = {mine.get(k)} here, {ref.get(k)} there" for k in diff)
+        + " (every replica group needs the same job config and recipe)"
+    )
 
 
 def lanes_per_group(lanes: int, groups: int, dp: int) -> list[int]:
