@@ -39,6 +39,12 @@ def _lighthouse(min_replicas: int = 1, port: int = 0) -> tuple[subprocess.Popen[
     return proc, first.split("FT_LIGHTHOUSE=")[1].rstrip(")\n")
 
 
+def _group(dump: Path, extra: dict[str, Any], address: str, k: int) -> Job:
+    """Replica group `k` of one process under the lighthouse at `address`."""
+    env = {"FT_LIGHTHOUSE": address, "FT_REPLICA_ID": str(k)}
+    return Job(dump, extra, nproc=1, name=f"group{k}", env=env)
+
+
 def _both_trained(dump: Path) -> bool:
     return steps_logged(dump) >= 1 and any(
         r.get("replica_groups") == [0, 1] for r in read_metrics(dump).values()
@@ -66,11 +72,7 @@ def test_a_lost_group_costs_one_step_and_the_survivor_keeps_every_batch(
     lighthouse, address = _lighthouse()
     dump = tmp_path / "ft"
     try:
-        groups = [
-            Job(dump, FT, nproc=1, name=f"group{k}",
-                env={"FT_LIGHTHOUSE": address, "FT_REPLICA_ID": str(k)})
-            for k in range(2)
-        ]  # fmt: skip
+        groups = [_group(dump, FT, address, k) for k in range(2)]
         # Either group may start first (the other then joins, copying from it): kill
         # group 1 once a step was trained by both.
         assert wait_for(lambda: _both_trained(dump), groups[0], 180), groups[0].output()[-3000:]
@@ -130,11 +132,7 @@ def test_a_group_paused_until_the_others_finished_writes_nothing(
     dump = tmp_path / "ft"
     quick = {**FT, "fault_tolerance.step_timeout_s": 5}
     try:
-        groups = [
-            Job(dump, quick, nproc=1, name=f"group{k}",
-                env={"FT_LIGHTHOUSE": address, "FT_REPLICA_ID": str(k)})
-            for k in range(2)
-        ]  # fmt: skip
+        groups = [_group(dump, quick, address, k) for k in range(2)]
         assert wait_for(lambda: _both_trained(dump), groups[0], 180), groups[0].output()[-3000:]
         paused = groups[1].tree()
         _signal(paused, signal.SIGSTOP)
@@ -178,11 +176,9 @@ def test_a_group_with_other_settings_refuses_and_a_lost_lighthouse_stops_the_oth
         "checkpoint.enable": "false",
     }  # (no checkpoint: group 1 joins, not resumes)
     try:
-        groups = [Job(dump, quick, nproc=1, name="group0",
-                      env={"FT_LIGHTHOUSE": address, "FT_REPLICA_ID": "0"})]  # fmt: skip
+        groups = [_group(dump, quick, address, 0)]
         assert wait_for(lambda: steps_logged(dump) >= 1, groups[0], 180), groups[0].output()
-        groups.append(Job(dump, {**quick, "training.seq_len": 32}, nproc=1, name="group1",
-                          env={"FT_LIGHTHOUSE": address, "FT_REPLICA_ID": "1"}))  # fmt: skip
+        groups.append(_group(dump, {**quick, "training.seq_len": 32}, address, 1))
         assert groups[1].wait(180) == 2, groups[1].output()[-3000:]
         after = steps_logged(dump) + 2  # group 0 trained on alone
         assert wait_for(lambda: steps_logged(dump) >= after, groups[0], 180), groups[0].output()
