@@ -18,6 +18,8 @@
 # Extra arguments go to the trainer as --section.field overrides.
 set -euo pipefail
 cd "$(dirname "$0")"
+# The goodput ledger counts the job's time from here (torchtitan/components/goodput.py).
+export TORCHTITAN_LAUNCHED_AT=$(date +%s.%N)
 
 PYTHON=${PYTHON:-python}
 if [ -z "${VIRTUAL_ENV:-}" ] && [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; fi

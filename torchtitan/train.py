@@ -31,6 +31,7 @@ from torchtitan.components.checkpoint.manager import (
 from torchtitan.components.divergence import DivergenceGuard, clip_grads, fold_loss_into_grads
 from torchtitan.components.flops import model_flops_utilisation
 from torchtitan.components.garbage_collection import ScheduledCollection
+from torchtitan.components.goodput import Ledger, open_ledger, publish
 from torchtitan.components.initial_load import initial_model_args, load_initial
 from torchtitan.components.job_fence import Leave
 from torchtitan.components.lr_scheduler import build_lr_scheduler, decay_window, lr_of_step
@@ -87,8 +88,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class Trainer:
-    def __init__(self, cfg: JobConfig, dist_info: DistInfo):
-        self.cfg, self.info = cfg, dist_info
+    def __init__(self, cfg: JobConfig, dist_info: DistInfo, ledger: Ledger):
+        self.cfg, self.info, self.ledger = cfg, dist_info, ledger
         t = cfg.training
         dims = ParallelDims.from_config(cfg.parallelism, dist_info.world_size, dist_info.nodes)
         self.dp, self.rank, self.device = dims.dp, dist_info.rank, dist_info.device
@@ -142,8 +143,9 @@ class Trainer:
         self.last_loss: float | None = None  # the latest step's global loss, if computed
         self.step = 0
         if self.resume_from is not None and resume_doc is not None:
-            self.step = self.ckpt.load(self.resume_from)
-            self.data.restore(resume_doc)
+            with ledger.span("checkpoint_restore", self.resume_from):
+                self.step = self.ckpt.load(self.resume_from)
+                self.data.restore(resume_doc)
             self.driver.resumed(resume_doc)
             logger.info(
                 f"resumed from step {self.step} on {dp} data-parallel rank(s) "
@@ -253,11 +255,12 @@ class Trainer:
         cfg, m = self.cfg, self.mesh
         t = cfg.training  # validation keeps the job's own shape, whatever the phase
         rows = micro_rows(t.local_batch_size, t.local_batch_tokens or None, t.seq_len)
-        loss = validation_loss(
-            self.passes, self._loader(m.dp_rank, m.dp_size, cfg.validation.recipe), rows,
-            cfg.validation.steps, lambda b: self._group_counts(b).have_all, self.device,
-            m.loss_group,
-        )  # fmt: skip
+        with self.ledger.span("validation", self.step):
+            loss = validation_loss(
+                self.passes, self._loader(m.dp_rank, m.dp_size, cfg.validation.recipe), rows,
+                cfg.validation.steps, lambda b: self._group_counts(b).have_all, self.device,
+                m.loss_group,
+            )  # fmt: skip
         if self.metrics is not None:
             self.metrics.log_validation(self.step, loss)
 
@@ -276,14 +279,17 @@ class Trainer:
         redo = False  # the previous step did not count: this one makes it again
         while self.step < steps:
             t0 = time.perf_counter()
+            self.ledger.open_step(self.step + 1)  # its quorum, data, compute (goodput.py)
             set_phase("quorum", self.step + 1)
             self.data = self.driver.begin(self.data, redo)  # who trains it, which lanes
             if (leave := self.driver.leave(self.step + 1, steps)) is not None:
                 return _leave(leave, stops, self.rank, self.step)  # a stale replica group
             set_phase("data", self.step + 1)
             t_data = time.perf_counter()  # (the quorum's wait is not the data's)
+            self.ledger.mark()
             batch = self.data.next_batch()
             data_wait = time.perf_counter() - t_data
+            self.ledger.mark()
             set_phase("collective", self.step + 1)
             agreed = self._batch_counts(batch, stops is not None and stops.requested())
             if not agreed.have_all:
@@ -299,12 +305,14 @@ class Trainer:
             redo = not committed
             if redo:
                 self.step -= 1
+                self.ledger.close_step(self.step + 1, committed=False)
                 self.driver.failed(self.step + 1, t0)
                 continue
             self.metrics = records_writer(self.metrics, *self.driver.committed(self.step, t0), cfg)
             self.collections.after_step(self.step)
             if log_now:
-                self._log_step(batch, loss_sum, grad_norm, agreed.n_valid, t0, data_wait, digest)
+                _log_step(self, batch, loss_sum, grad_norm, agreed.n_valid, t0, data_wait, digest)
+            self.ledger.close_step(self.step, committed=True)
             if (
                 agreed.stop
                 and stops is not None
@@ -315,11 +323,14 @@ class Trainer:
                 self.validate()
             if self.ckpt.should_save(self.step, steps) and self.driver.writes_checkpoints():
                 set_phase("save", self.step)
-                self.ckpt.save(
-                    self.step, lambda: self.driver.loader_state(self.data),
-                    self.divergence.last_finite, loss=self.last_loss,
-                )  # fmt: skip
-        self.ckpt.wait()  # an asynchronous save still in flight becomes a resume point
+                with self.ledger.span("checkpoint_save", self.step):  # its blocking part
+                    self.ckpt.save(
+                        self.step, lambda: self.driver.loader_state(self.data),
+                        self.divergence.last_finite, loss=self.last_loss,
+                    )  # fmt: skip
+                self._publish_goodput()
+        with self.ledger.span("checkpoint_save", self.step):
+            self.ckpt.wait()  # an asynchronous save still in flight becomes a resume point
         if cfg.validation.enable and (val_freq <= 0 or self.step % val_freq):
             self.validate()
         logger.info(describe_work(self.data.work_summary()))  # collective
@@ -333,59 +344,72 @@ class Trainer:
         if not self.driver.stop_saves:
             return stops.finish(self.step, None)
         set_phase("save", self.step)
-        saved = self.ckpt.save_and_verify(
-            self.step, self.data.gather_state, self.divergence.last_finite, self.last_loss
-        )
+        with self.ledger.span("checkpoint_save", self.step):
+            saved = self.ckpt.save_and_verify(
+                self.step, self.data.gather_state, self.divergence.last_finite, self.last_loss
+            )
         return stops.finish(self.step, saved)
 
-    def _log_step(
-        self,
-        batch: Any,
-        loss_sum: torch.Tensor,
-        grad_norm: torch.Tensor,
-        n_valid: int,
-        t0: float,
-        data_wait: float,
-        digest: str | None,
-    ) -> None:
-        """Collective: reduce the step's loss (and read the norm), then log on rank 0.
-        Reading them syncs with the device, so the step time is the real one."""
-        loss = self.last_loss  # reduced already when spikes are tracked
-        if loss is None:
-            loss = self._global_loss(loss_sum, n_valid)
-        norm = float(_full(grad_norm).item())
-        sources = global_source_counts(
-            batch, self.data.source_names, self.device, self.mesh.dp_group, self.driver.groups
-        )
-        dropped = self.data.bad_records_dropped()
-        step_time = time.perf_counter() - t0
-        if self.metrics is None:
-            return
-        phase = self.plan.phase_at(self.step)
-        groups, lanes = self.driver.step_fields(phase.lanes)
-        tokens = self.plan.step_tokens(phase)
-        flops = self.spec.flops_per_token(self.model_args, phase.seq_len)
-        mfu = model_flops_utilisation(flops, tokens, step_time, self.info.world_size, self.device)
-        self.metrics.log(
-            StepMetrics(
-                step=self.step, loss=loss, grad_norm=norm, tokens=tokens, mfu=mfu,
-                lr=lr_of_step(self.lr_scheduler, self.step), step_time_s=step_time,
-                data_wait_s=data_wait, memory_gib=peak_memory_gib(self.device), digest=digest,
-                source_tokens=sources[0] if sources else None,
-                source_docs=sources[1] if sources else None,
-                bad_records_dropped=dropped, skipped_updates=self.divergence.skipped,
-                phase=phase.name if self.plan.named else None,
-                scheduled_shares=scheduled_shares(phase, self.data.source_names),
-                replica_groups=groups, lanes_per_group=lanes, expert_load=self.expert_load,
-            )
-        )  # fmt: skip
+    def _publish_goodput(self) -> None:
+        """The records' writer: goodput.json from every ledger so far, to TensorBoard too."""
+        if self.metrics is not None:
+            self.metrics.log_goodput(self.step, publish(self.cfg.job.dump_folder, self.ledger))
 
-    def close(self) -> None:
+    def close(self, code: int) -> None:
         self.collections.close()
         self.driver.close()
         self.data.close()
+        self.ledger.end(code)
         if self.metrics is not None:
+            self._publish_goodput()
             self.metrics.close()
+
+
+def _log_step(
+    trainer: Trainer,
+    batch: Any,
+    loss_sum: torch.Tensor,
+    grad_norm: torch.Tensor,
+    n_valid: int,
+    t0: float,
+    data_wait: float,
+    digest: str | None,
+) -> None:
+    """Collective: reduce the step's loss (and read the norm), then log on rank 0.
+    Reading them syncs with the device, so the step time is the real one."""
+    loss = trainer.last_loss  # reduced already when spikes are tracked
+    if loss is None:
+        loss = trainer._global_loss(loss_sum, n_valid)
+    norm = float(_full(grad_norm).item())
+    sources = global_source_counts(
+        batch,
+        trainer.data.source_names,
+        trainer.device,
+        trainer.mesh.dp_group,
+        trainer.driver.groups,
+    )
+    dropped = trainer.data.bad_records_dropped()
+    step_time = time.perf_counter() - t0
+    if trainer.metrics is None:
+        return
+    phase = trainer.plan.phase_at(trainer.step)
+    groups, lanes = trainer.driver.step_fields(phase.lanes)
+    tokens = trainer.plan.step_tokens(phase)
+    flops = trainer.spec.flops_per_token(trainer.model_args, phase.seq_len)
+    mfu = model_flops_utilisation(flops, tokens, step_time, trainer.info.world_size, trainer.device)
+    trainer.metrics.log(
+        StepMetrics(
+            step=trainer.step, loss=loss, grad_norm=norm, tokens=tokens, mfu=mfu,
+            lr=lr_of_step(trainer.lr_scheduler, trainer.step), step_time_s=step_time,
+            data_wait_s=data_wait, memory_gib=peak_memory_gib(trainer.device), digest=digest,
+            source_tokens=sources[0] if sources else None,
+            source_docs=sources[1] if sources else None,
+            bad_records_dropped=dropped, skipped_updates=trainer.divergence.skipped,
+            phase=phase.name if trainer.plan.named else None,
+            scheduled_shares=scheduled_shares(phase, trainer.data.source_names),
+            replica_groups=groups, lanes_per_group=lanes, expert_load=trainer.expert_load,
+        )
+    )  # fmt: skip
 
 
 def _leave(leave: Leave, stops: Any, rank: int, step: int) -> int:
@@ -459,9 +483,10 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     trainer: Trainer | None = None
     guard = JobGuard(cfg, info.rank, info.world_size)
+    ledger = open_ledger(cfg, info.rank)
     try:
         guard.start()  # heartbeats; rank 0 takes the dump-folder lock
-        trainer = Trainer(cfg, info)
+        trainer = Trainer(cfg, info, ledger)
         code = trainer.run()
     except BaseException as exc:
         # One message for the whole job, from whichever rank failed first (a
@@ -469,7 +494,9 @@ def main(argv: list[str] | None = None) -> int:
         code = guard.fail(exc)
     finally:
         if trainer is not None:
-            trainer.close()
+            trainer.close(code)
+        else:
+            ledger.end(code)
         guard.close(code)
     exit_process(code)
     return code

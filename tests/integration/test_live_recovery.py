@@ -104,6 +104,18 @@ def test_a_lost_group_costs_one_step_and_the_survivor_keeps_every_batch(
     # is the one that trained alone after it.
     assert out.count("training steps 1..") == 1
     assert alone and survivor is not None and after == survivor, (survivor, after)
+    # The goodput ledgers of both groups: every step kept once; the failed step and
+    # the quorum that dropped group 1 under their causes; the two groups' time once.
+    doc = json.loads((dump / "goodput.json").read_text())
+    assert (doc["replica_groups"], doc["steps_committed"]) == ([0, 1], STEPS), doc
+    assert doc["steps_redone"] == (int(redone[1]) if redone else 0), (doc, recoveries)
+    bad = doc["badput_seconds"]
+    assert bad["recovery"] > 1.0 and bad["between_attempts"] == 0, doc
+    assert (bad["steps_redone"] > 0) == (doc["steps_redone"] > 0), doc
+    assert doc["productive_seconds"] + sum(bad.values()) == pytest.approx(
+        doc["job_seconds"], abs=0.01
+    )
+    assert bad["other"] < 0.05 * doc["job_seconds"], doc
 
 
 def _signal(pids: list[int], sig: signal.Signals) -> None:
@@ -140,6 +152,7 @@ def test_a_group_paused_until_the_others_finished_writes_nothing(
             assert groups[0].wait(180) == 0, groups[0].output()[-3000:]
             checkpoints, records = _hashes(dump / "checkpoint"), _hashes(dump / "job")
             metrics = (dump / "metrics.jsonl").read_text()
+            goodput = (dump / "goodput.json").read_text()
         finally:
             _signal(paused, signal.SIGCONT)
         assert groups[1].wait(180) == 0, groups[1].output()[-3000:]
@@ -155,6 +168,7 @@ def test_a_group_paused_until_the_others_finished_writes_nothing(
     assert _hashes(dump / "checkpoint") == checkpoints and len(checkpoints) > 0
     assert _hashes(dump / "job") == records
     assert (dump / "metrics.jsonl").read_text() == metrics
+    assert (dump / "goodput.json").read_text() == goodput  # (its own ledger grew)
     assert digests_ok(dump, reference) is None, digests_ok(dump, reference)
 
 

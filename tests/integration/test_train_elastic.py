@@ -3,6 +3,7 @@ global batches (digests) as the uninterrupted run, and nearly the same losses.""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -110,3 +111,25 @@ def test_interrupted_checkpoint_is_never_the_resume_point(tmp_path):
     assert (step6 / "COMPLETE.json").exists()  # redone properly this time
     # Steps 4-6 of the crashed run were dropped from the log and trained again.
     assert logged_steps(tmp_path) == list(range(1, 8))
+
+
+def test_a_plain_run_accounts_for_every_second(zephon_reference):
+    """goodput.json of the reference run (goodput.py): its 6 steps kept once, nothing
+    redone, the causes adding up to the job's time with under 5% unexplained, and the
+    steps' time equal to what the step records measured themselves."""
+    dump, ref = zephon_reference
+    doc = json.loads((dump / "goodput.json").read_text())
+    assert (doc["attempts"], doc["steps_committed"], doc["steps_redone"]) == (1, STEPS, 0)
+    assert doc["running"] is False and doc["notes"] == []
+    bad = doc["badput_seconds"]
+    assert bad["between_attempts"] == bad["steps_redone"] == bad["checkpoint_restore"] == 0
+    assert bad["startup"] > 0 and bad["checkpoint_save"] > 0
+    assert doc["productive_seconds"] + sum(bad.values()) == pytest.approx(
+        doc["job_seconds"], abs=0.01
+    )
+    assert bad["other"] < 0.05 * doc["job_seconds"], doc
+    # A step's record times it from its quorum to its log line; the ledger's three
+    # parts end after that line.
+    logged = sum(r["step_time_s"] for r in ref.values())
+    ledger = doc["productive_seconds"] + bad["data_wait"] + bad["recovery"]
+    assert logged <= ledger + 0.01 and ledger <= logged * 1.05 + 0.05 * STEPS, (logged, doc)

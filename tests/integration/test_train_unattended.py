@@ -282,6 +282,19 @@ def test_an_uneven_elastic_job_goes_on_without_a_killed_agent_then_stops_on_ctrl
     assert json.loads(marker.read_text())["finite"] is True
     ref = data_digests(stopped, 64, rows, recipe)
     assert fi_digests(run.dump, ref, stopped) is None
+    # The goodput ledger of both attempts: the steps after the resume point trained
+    # twice count once as redone, the restart's gap and restore under their causes.
+    doc = json.loads((run.dump / "goodput.json").read_text())
+    assert (doc["attempts"], doc["steps_committed"]) == (2, stopped), doc
+    # (and the step in flight when the agent stopped it, if rank 0 had begun it)
+    assert lost - resumed <= doc["steps_redone"] <= lost - resumed + 1, (doc, lost, resumed)
+    bad = doc["badput_seconds"]
+    assert bad["between_attempts"] > 0 and bad["checkpoint_restore"] > 0, doc
+    assert bad["steps_redone"] > 0 or lost == resumed, doc
+    assert doc["productive_seconds"] + sum(bad.values()) == pytest.approx(
+        doc["job_seconds"], abs=0.01
+    )
+    assert bad["other"] < 0.05 * doc["job_seconds"], doc
 
 
 def fi_digests(dump: Path, ref: dict[int, str], last: int) -> str | None:

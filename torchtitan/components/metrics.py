@@ -300,6 +300,19 @@ class MetricsLogger:
                 f.write(json.dumps({"step": step, "val_loss": loss}) + "\n")
         return line
 
+    def log_goodput(self, step: int, summary: Any) -> None:
+        """The job's goodput so far (a `goodput.Summary`, or None) to TensorBoard and
+        wandb: the productive share and the seconds of each cause of badput."""
+        if summary is None:
+            return
+        scalars = {"goodput": summary.goodput, "productive_s": summary.productive_seconds}
+        scalars.update({f"badput_{k}_s": v for k, v in summary.badput_seconds.items()})
+        if self._tb is not None:
+            for name, value in scalars.items():
+                self._tb.add_scalar(f"goodput/{name}", value, step)
+        if self._wandb is not None:
+            self._wandb.log({f"goodput/{k}": v for k, v in scalars.items()}, step)
+
     def close(self) -> None:
         if self._wandb is not None:
             self._wandb.close()

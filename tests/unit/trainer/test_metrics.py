@@ -1,6 +1,7 @@
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from torchtitan.components.metrics import (
@@ -129,3 +130,26 @@ def test_a_run_drops_the_records_of_the_steps_it_trains_again(tmp_path: Path) ->
     write(1, 2)
     assert trim_logs_to_start(MetricsConfig(jsonl_file=""), str(tmp_path), 0) == 0  # no JSONL
     assert steps("m.jsonl") == [1, 2]
+
+
+def test_the_running_goodput_goes_to_tensorboard(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from torchtitan.components.goodput import Ledger, ledger_path, summarize
+
+    ledger = Ledger(ledger_path(str(tmp_path), None), started=0.0)
+    ledger.open_step(1)
+    ledger.mark()
+    ledger.mark()
+    ledger.close_step(1, committed=True)
+    ledger.end(0)
+    summary = summarize(str(tmp_path))
+    cfg = MetricsConfig(enable_tensorboard=True, save_tb_folder="tb", jsonl_file="")
+    with MetricsLogger.from_config(cfg, str(tmp_path)) as ml:
+        ml.log_goodput(5, summary)
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert {"goodput/goodput", "goodput/badput_startup_s", "goodput/badput_other_s"} <= set(tags)
+    (point,) = events.Scalars("goodput/badput_startup_s")
+    assert point.step == 5 and point.value == pytest.approx(summary.badput_seconds["startup"])
