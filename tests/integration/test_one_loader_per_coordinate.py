@@ -85,7 +85,9 @@ def test_tp_peers_of_the_vlm_decode_each_image_once(tmp_path):
     vlm = ["--job.config_file", str(REPO / "train_configs" / "vlm_debugmodel.toml"),
            "--training.steps", "2", "--data.num_workers", "0", "--data.prefetch", "0",
            "--checkpoint.enable", "false", "--validation.enable", "false",
-           "--data.log_batch_digests", "true", "--metrics.log_freq", "1"]  # fmt: skip
+           "--data.log_batch_digests", "true", "--metrics.log_freq", "1",
+           "--training.global_batch_size", "8"]  # fmt: skip
+    # (8 rows: one a lane, every lane's images decoded, a quarter of the config's work)
     alone = ok(torchrun_train(1, tmp_path / "one", vlm, timeout=600))
     tp = ok(torchrun_train(2, tmp_path / "tp", [*vlm, *TP], timeout=600))
     one, shared = work(alone.stdout), work(tp.stdout)
