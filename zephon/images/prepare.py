@@ -96,8 +96,11 @@ def prepare_image(
     buffer of the sizing's `patch_bytes` that the patches are written into
     (shared memory a decode process fills, images/decode_processes.py)."""
     opened = sizing.take_opened() if sizing is not None else None
-    image = decode_image(data, name, spec, opened)  # its size is the header's displayed size
-    pixels = np.asarray(resize(image, target_size(*image.size, spec)))
+    if opened is None:
+        opened = open_image(data, name, spec.max_decoded_pixels)
+    target = target_size(*opened[1].size, spec)  # from the displayed size, as the sizing
+    image = decode_image(data, name, spec, opened, target)  # (smaller if reduced)
+    pixels = np.asarray(resize(image, target))
     patches, grid = to_patches(pixels, spec.patch_size, spec.merge, out)
     return ImagePatches(
         name=name, patches=patches, grid=grid, num_tokens=placeholder_count(grid, spec.merge)

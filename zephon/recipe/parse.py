@@ -22,6 +22,7 @@ from zephon.schema.recipe import (
     BAD_RECORDS,
     EXHAUSTION,
     HF_BUILDERS,
+    IMAGE_DECODES,
     MIX_UNITS,
     PACKERS,
     ExecutionSpec,
@@ -208,6 +209,7 @@ def _parse_image(r: Reader, raw: Any) -> ImageSpec:
         for k in ("patch_size", "merge", "min_pixels", "max_pixels", "max_decoded_pixels")
     }
     tokens = {k: t.get(k, str) for k in ("start_token", "pad_token", "end_token")}
+    decode = t.choice("decode", IMAGE_DECODES)
     bg = t.get("background", (list, str))
     if isinstance(bg, str):
         hex_digits = bg[1:] if bg.startswith("#") else ""
@@ -216,7 +218,7 @@ def _parse_image(r: Reader, raw: Any) -> ImageSpec:
         bg = [int(hex_digits[i : i + 2], 16) for i in (0, 2, 4)]
     t.finish()
     try:
-        return ImageSpec(**values, **tokens, background=tuple(bg))
+        return ImageSpec(**values, **tokens, background=tuple(bg), decode=decode)
     except ValueError as exc:  # "field: what was expected, got value"
         key, _, what = str(exc).partition(": ")
         raise t.err(key, what) from None

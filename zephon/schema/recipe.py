@@ -125,6 +125,9 @@ class ExecutionSpec:
     lookahead_bytes: int = 0
 
 
+# [image] decode: how JPEGs are decoded before the resize (ImageSpec.decode).
+IMAGE_DECODES = ("exact", "reduced")
+
 # Pillow refuses images above twice its MAX_IMAGE_PIXELS (89478485) before we can.
 PILLOW_PIXEL_LIMIT = 2 * 89_478_485
 
@@ -151,9 +154,17 @@ class ImageSpec:
     start_token: str = ""
     pad_token: str = ""
     end_token: str = ""
+    # "exact": every JPEG decoded at its stored resolution, then resized. "reduced":
+    # a JPEG larger than twice its target size a side is decoded at 1/2, 1/4 or 1/8
+    # scale (libjpeg's DCT scaling), still at least the target size, then resized:
+    # fewer pixels decoded, other pixels (images/pixels/decode.py, rule 1).
+    decode: str = "exact"
 
     def __post_init__(self) -> None:
         """Bad values raise ValueError('field: what was expected, got value')."""
+        if self.decode not in IMAGE_DECODES:
+            raise ValueError(f"decode: expected one of {', '.join(map(repr, IMAGE_DECODES))}, "
+                             f"got {self.decode!r}")  # fmt: skip
         names = {k: getattr(self, k) for k in ("start_token", "pad_token", "end_token")}
         for name, value in names.items():
             if not isinstance(value, str):

@@ -48,6 +48,7 @@ FINGERPRINT_FIELDS = (
     "sources",
     "files",  # content fingerprints of each source's files (version 3)
     "remote",  # ETag (or size and mtime) of each remote file; absent for local data
+    "image.decode",  # absent (None) unless [image] decode is not "exact"
     "recipe",
 )
 # A phase's entry (recipes with [[phase]] tables), checked in this order; its
@@ -62,7 +63,7 @@ PHASE_FIELDS = (
     "sources",
     "recipe",
 )
-GLOBAL_FIELDS = ("seed", "tokenizer", "tokenizer_choices", "files", "remote")
+GLOBAL_FIELDS = ("seed", "tokenizer", "tokenizer_choices", "files", "remote", "image.decode")
 
 
 def make_fingerprint(
@@ -121,6 +122,8 @@ def make_fingerprint(
         from zephon.images.pixels.canary import decode_canary
 
         fingerprint["decode_canary"] = decode_canary(recipe.image)
+        if recipe.image.decode != "exact":  # only then, so earlier states stay equal
+            fingerprint["image.decode"] = recipe.image.decode
     return fingerprint
 
 
@@ -247,6 +250,8 @@ def check_header(state: Any, origin: str = "loader state") -> None:
 def _shown(field: str, value: Any) -> Any:
     if field in ("recipe", "tokenizer") and value is not None:
         return str(value)[:12] + "…"
+    if field == "image.decode":  # the pixels differ
+        return repr(value or "exact")
     return value
 
 

@@ -547,3 +547,29 @@ def test_the_hf_baseline_refuses_sources_with_images(tmp_path):
     spec = load_recipe(recipe(tmp_path)).sources[0]
     with pytest.raises(DataError, match="source 'captions'.*holds images.*reads text only"):
         _load_source(spec, str(tmp_path))
+
+
+def test_reduced_decode_keeps_its_batches_at_any_size_and_is_refused_across(tmp_path):
+    """`[image] decode = "reduced"` on JPEGs over twice their target a side: other
+    pixels than the exact decode, the same on one rank in this process and on two
+    ranks with decode processes; a checkpoint of the exact run is refused by name."""
+    members = []
+    for i in range(24):
+        members += [(f"{i:04d}.jpg", jpeg(300 + 20 * i, 420, seed=i)), (f"{i:04d}.txt", b"a photo")]
+    tar = write_tar(tmp_path / "photos.tar", members)
+    body = f'[[source]]\nname = "photos"\npath = "{tar}"\n'
+    exact = recipe(tmp_path, body=body)
+    reduced = tmp_path / "reduced.toml"
+    reduced.write_text(exact.read_text().replace("[image]\n", '[image]\ndecode = "reduced"\n'))
+    ref = run(reduced, 1, 3)
+    assert run(reduced, 2, 3, num_workers=2) == ref
+    assert run(exact, 1, 3) != ref
+    (loader,) = ranks(exact, 1)
+    loader.next_batch()
+    state = loader.state_dict()
+    loader.close()
+    other = ranks(reduced, 2)
+    with pytest.raises(StateError) as err:
+        other[1].load_state_dict(state)
+    close(other)
+    assert "image.decode: checkpoint has 'exact', this run has 'reduced'" in str(err.value)

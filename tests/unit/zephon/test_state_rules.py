@@ -13,6 +13,7 @@ import pytest
 from zephon.errors import StateError
 from zephon.images.pixels import canary
 from zephon.recipe.phases import Phase, PhaseTimeline
+from zephon.schema.recipe import ImageSpec
 from zephon.state import checkpoint_state as st
 
 NAMES = ("prose", "code")
@@ -49,7 +50,7 @@ def refused(call: Any) -> str:
 
 
 class FakeRecipe:
-    seed, lanes, image = 7, 4, "the image spec"
+    seed, lanes, image = 7, 4, ImageSpec()
 
     def __init__(self, multimodal: bool = False) -> None:
         self.sources = [
@@ -141,9 +142,13 @@ def test_special_tokens_remote_files_and_images_add_their_fields(monkeypatch):
     fp = st.make_fingerprint(FakeRecipe(multimodal=True), readers, tok, plain_schedule())
     assert fp["tokenizer_choices"] == {"eos": "<e>"}
     assert fp["remote"] == {"s3://b/a": "etag-a", "s3://b/c": "etag-c"}
-    assert fp["decode_canary"] == {"of": "the image spec"}
+    assert fp["decode_canary"] == {"of": ImageSpec()} and "image.decode" not in fp
     plain = st.make_fingerprint(FakeRecipe(), [reader(30), reader(20)], TOK, plain_schedule())
     assert not {"tokenizer_choices", "remote", "decode_canary"} & set(plain)
+    reduced = FakeRecipe(multimodal=True)
+    reduced.image = ImageSpec(decode="reduced")
+    fp = st.make_fingerprint(reduced, readers, tok, plain_schedule())
+    assert fp["image.decode"] == "reduced"
 
 
 def test_every_source_needs_its_reader():

@@ -92,8 +92,17 @@ def decode_canary(spec: ImageSpec, folder: str | Path = CANARY_DIR) -> dict[str,
         "version": CANARY_VERSION,
         "digest": _digest(spec, str(folder)),
         "decoders": decoder_versions(),
-        "settings": json.loads(json.dumps(asdict(spec))),  # as a JSON state holds it
+        "settings": _settings(spec),
     }
+
+
+def _settings(spec: ImageSpec) -> dict[str, Any]:
+    """The image settings as a JSON state holds them. `decode` is left out: the
+    fingerprint's own `image.decode` names a change of it (checkpoint_state.py),
+    and states saved before it existed hold none."""
+    settings = json.loads(json.dumps(asdict(spec)))
+    del settings["decode"]
+    return settings
 
 
 def _versions(decoders: dict[str, Any]) -> str:

@@ -3,9 +3,13 @@
 Changing any rule here changes batch digests, so the rules are fixed now:
 
 1. Formats: JPEG, PNG and WebP only (header.py), through Pillow. The first
-   frame of an animated image. Full decode at the stored resolution: never
-   JPEG draft / DCT scaling, which would give other pixels for the same
-   bytes; resizing comes after (resize.py).
+   frame of an animated image. Full decode at the stored resolution (the
+   default, `[image] decode = "exact"`); resizing comes after (resize.py).
+   With `decode = "reduced"`, a JPEG at least twice its target size a side is
+   decoded at the smallest DCT scale of 1/2, 1/4 or 1/8 that still gives at
+   least the target size (Pillow's `draft`, libjpeg's scaled IDCT), then
+   resized to the target: other pixels than the exact decode, the same on
+   every run and machine with the same decoder build (the canary).
 2. Size limit: images of more than `max_decoded_pixels` are refused from
    their header, before decoding (header.py).
 3. Modes to RGB, without colour management (ICC profiles are not applied;
@@ -35,7 +39,7 @@ import numpy as np
 from PIL import Image, ImageFile
 
 from zephon.errors import ImageError
-from zephon.images.header import ImageHeader, open_image
+from zephon.images.header import SWAPS_SIDES, ImageHeader, open_image
 from zephon.schema.recipe import ImageSpec
 
 # EXIF orientation -> the transposition that displays the stored image.
@@ -84,9 +88,12 @@ def decode_image(
     name: str,
     spec: ImageSpec,
     opened: tuple[Image.Image, ImageHeader] | None = None,
+    target: tuple[int, int] | None = None,
 ) -> Image.Image:
     """The image as a Pillow RGB image, by the rules above (what prepare.py resizes).
     `opened`: `open_image(data, name, ...)` already made (not decoded yet).
+    `target`: the (width, height) as displayed it will be resized to; with
+    `spec.decode == "reduced"`, a JPEG is decoded at a scale that keeps at least it.
 
     Raises ImageError naming `name` for anything that is not a decodable image
     within the limit: empty, not an image, truncated or corrupt data, too many pixels.
@@ -98,6 +105,9 @@ def decode_image(
             "Zephon decodes only complete images (set it back to False)"
         )
     im, header = opened if opened is not None else open_image(data, name, spec.max_decoded_pixels)
+    if spec.decode == "reduced" and target is not None and header.format == "JPEG":
+        w, h = target
+        im.draft(None, (h, w) if header.orientation in SWAPS_SIDES else (w, h))  # as stored
     try:
         im.load()
         im = _to_rgb(im, spec.background)
