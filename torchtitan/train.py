@@ -31,7 +31,7 @@ from torchtitan.components.checkpoint.manager import (
 from torchtitan.components.divergence import DivergenceGuard, clip_grads, fold_loss_into_grads
 from torchtitan.components.flops import model_flops_utilisation
 from torchtitan.components.garbage_collection import ScheduledCollection
-from torchtitan.components.goodput import Ledger, open_ledger, publish
+from torchtitan.components.goodput import Ledger, Report, open_ledger
 from torchtitan.components.initial_load import initial_model_args, load_initial
 from torchtitan.components.job_fence import Leave
 from torchtitan.components.lr_scheduler import build_lr_scheduler, decay_window, lr_of_step
@@ -90,6 +90,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class Trainer:
     def __init__(self, cfg: JobConfig, dist_info: DistInfo, ledger: Ledger):
         self.cfg, self.info, self.ledger = cfg, dist_info, ledger
+        self.goodput = Report(cfg.job.dump_folder, ledger)  # goodput.json, by the records' writer
         t = cfg.training
         dims = ParallelDims.from_config(cfg.parallelism, dist_info.world_size, dist_info.nodes)
         self.dp, self.rank, self.device = dims.dp, dist_info.rank, dist_info.device
@@ -328,7 +329,8 @@ class Trainer:
                         self.step, lambda: self.driver.loader_state(self.data),
                         self.divergence.last_finite, loss=self.last_loss,
                     )  # fmt: skip
-                self._publish_goodput()
+                if self.metrics is not None:  # (the records' writer)
+                    self.goodput.refresh()
         with self.ledger.span("checkpoint_save", self.step):
             self.ckpt.wait()  # an asynchronous save still in flight becomes a resume point
         if cfg.validation.enable and (val_freq <= 0 or self.step % val_freq):
@@ -350,18 +352,13 @@ class Trainer:
             )
         return stops.finish(self.step, saved)
 
-    def _publish_goodput(self) -> None:
-        """The records' writer: goodput.json from every ledger so far, to TensorBoard too."""
-        if self.metrics is not None:
-            self.metrics.log_goodput(self.step, publish(self.cfg.job.dump_folder, self.ledger))
-
     def close(self, code: int) -> None:
         self.collections.close()
         self.driver.close()
         self.data.close()
         self.ledger.end(code)
         if self.metrics is not None:
-            self._publish_goodput()
+            self.metrics.log_goodput(self.step, self.goodput.final())
             self.metrics.close()
 
 
@@ -410,6 +407,7 @@ def _log_step(
             replica_groups=groups, lanes_per_group=lanes, expert_load=trainer.expert_load,
         )
     )  # fmt: skip
+    trainer.metrics.log_goodput(trainer.step, trainer.goodput.take())  # made at a checkpoint
 
 
 def _leave(leave: Leave, stops: Any, rank: int, step: int) -> int:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -230,10 +231,14 @@ class Summary:
         }
 
 
-def read_ledgers(dump_folder: str) -> tuple[list[Attempt], list[str]]:
+def read_ledgers(
+    dump_folder: str, live: bool = False, running: str | None = None
+) -> tuple[list[Attempt], list[str]]:
     """Every attempt in the dump folder's ledgers, and a note for each line that could
     not be read (a line cut short by a crash, another format) and each attempt
-    without its start or end."""
+    without its start or end. `live`: the job is running, so a last line without its
+    newline is one being written, left out without a note; `running`: the attempt
+    still running (no end record yet, and no note for it)."""
     folder = os.path.join(dump_folder, FOLDER)
     names = (
         sorted(n for n in os.listdir(folder) if n.endswith(".jsonl"))
@@ -249,9 +254,11 @@ def read_ledgers(dump_folder: str) -> tuple[list[Attempt], list[str]]:
         for i, line in enumerate(lines, 1):
             if not line.strip():
                 continue
+            cut = i == len(lines)  # no newline after it: the writer stopped mid-line
+            if cut and live:
+                continue
             why = _read_line(line, name, attempts, foreign)
             if why:
-                cut = i == len(lines)  # no newline after it: the writer stopped mid-line
                 what = "cut short (the process stopped while writing it)" if cut else why
                 notes.append(f"{FOLDER}/{name} line {i}: {what}; ignored")
     out = []
@@ -259,7 +266,7 @@ def read_ledgers(dump_folder: str) -> tuple[list[Attempt], list[str]]:
         if a.start is None:
             notes.append(f"{FOLDER}/{a.source}: attempt {a.id} has no start record; "
                          "its time before its first record is not counted")  # fmt: skip
-        if a.end is None:
+        if a.end is None and a.id != running:
             notes.append(f"{FOLDER}/{a.source}: attempt {a.id} has no end record (stopped "
                          "from outside or still running): it ends at its last record")  # fmt: skip
         if a.steps or a.spans or a.start is not None:
@@ -303,7 +310,7 @@ def _read_line(
 def summarize(dump_folder: str, now: float | None = None, running: str | None = None) -> Summary:
     """The job's time by cause. `running`: the attempt id of a process still
     running, whose time goes on until `now`."""
-    attempts, notes = read_ledgers(dump_folder)
+    attempts, notes = read_ledgers(dump_folder, live=running is not None, running=running)
     if not attempts:
         raise FileNotFoundError(f"{os.path.join(dump_folder, FOLDER)}: no goodput ledger")
     wasted = _wasted(attempts)
@@ -432,3 +439,37 @@ def publish(dump_folder: str, ledger: Ledger) -> Summary | None:
         logger.warning(f"goodput: {os.path.join(dump_folder, SUMMARY)} not written ({exc})")
         return None
     return summary
+
+
+class Report:
+    """goodput.json for the process that writes the job's records. At a checkpoint it
+    is made on a thread of its own (reading every ledger takes about a second at
+    100,000 steps: the steps go on meanwhile) and `take` hands the result to the
+    next log step; at the end it is made on the caller's thread, after the end
+    record."""
+
+    def __init__(self, dump_folder: str, ledger: Ledger) -> None:
+        self.dump_folder, self.ledger = dump_folder, ledger
+        self._thread: threading.Thread | None = None
+        self._done: Summary | None = None
+
+    def refresh(self) -> None:
+        """Begin a new goodput.json, unless one is being made."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._thread = threading.Thread(target=self._make, name="goodput", daemon=True)
+        self._thread.start()
+
+    def _make(self) -> None:
+        self._done = publish(self.dump_folder, self.ledger)
+
+    def take(self) -> Summary | None:
+        """The latest summary made since the last `take`, if any."""
+        done, self._done = self._done, None
+        return done
+
+    def final(self) -> Summary | None:
+        """The job's goodput.json as this attempt ends."""
+        if self._thread is not None:
+            self._thread.join()
+        return publish(self.dump_folder, self.ledger)

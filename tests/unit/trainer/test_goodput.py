@@ -15,6 +15,7 @@ from scripts.tools.goodput import main as goodput_cli
 from torchtitan.components.goodput import (
     FOLDER,
     Ledger,
+    Report,
     ledger_path,
     read_ledgers,
     summarize,
@@ -163,3 +164,26 @@ def test_a_step_open_when_the_attempt_fails_counts_as_redone(tmp_path, code):
     assert s.steps_committed == 2 and s.steps_redone == (1 if code else 0)
     assert s.badput_seconds["steps_redone"] == pytest.approx(4.0 if code else 0.0)
     assert s.badput_seconds["other"] == pytest.approx(2 * 0.05 + (0 if code else 4.3))
+
+
+def test_the_report_of_a_running_job_is_made_aside_and_ignores_the_line_being_written(tmp_path):
+    """At a checkpoint goodput.json is made on a thread of its own while the run goes
+    on; the attempt still running has no end yet and its last line may be half
+    written: neither is a note. At the end it is made at once."""
+    folder = str(tmp_path)
+    a, clock = _attempt(folder, 0.0)
+    _steps(a, clock, range(1, 3))
+    with open(ledger_path(folder, None), "a", encoding="utf-8") as f:
+        f.write('{"a": "' + a.attempt + '", "step": 3, "t": [1')  # being written
+    report = Report(folder, a)
+    report.refresh()
+    assert report._thread is not None
+    report._thread.join()
+    running = report.take()
+    assert running is not None and report.take() is None  # handed over once
+    assert running.until_now and running.notes == [] and running.steps_committed == 2
+    assert json.loads((tmp_path / "goodput.json").read_text())["running"] is True
+    a.end(0)
+    final = report.final()
+    assert final is not None and not final.until_now
+    assert json.loads((tmp_path / "goodput.json").read_text())["running"] is False
