@@ -19,6 +19,7 @@ import bench_gpu
 import bench_grad_memory
 import bench_image_work
 import bench_images
+import bench_images_rows
 import bench_index
 import bench_loader_cpu
 import bench_scale
@@ -49,6 +50,7 @@ PAGES: dict[str, Callable[[Any], str]] = {
     "bench_grad_memory": bench_grad_memory.page,
     "bench_image_work": bench_image_work.page,
     "bench_images": bench_images.page,
+    "bench_images_rows": bench_images_rows.page,
     "bench_index": bench_index.markdown,
     "bench_loader_cpu": bench_loader_cpu.render,
     "bench_scale": bench_scale.render,
@@ -108,6 +110,7 @@ QUOTED: dict[str, tuple[Any, Callable[[Any], str]]] = {
     "elastic_scenarios": (elastic_scenarios, elastic_scenarios.quoted_summary),
     "vlm_caption_probe": (vlm_caption_probe, vlm_caption_probe.table),
     "bench_images": (bench_images, bench_images.table),
+    "bench_images_rows": (bench_images_rows, bench_images_rows.table),
     "live_recovery": (live_recovery, live_recovery.summary),
     "mutation": (mutation_report, mutation_report.summary),
     "elastic_resume": (elastic_resume_demo, elastic_resume_demo.quoted),
@@ -139,6 +142,7 @@ def test_render_commands_rewrite_the_page(tmp_path: Path) -> None:
     one)."""
     pages = doc_pages()
     entry = {
+        "bench_images_rows": bench_images_rows.publish,
         "elastic_resume": elastic_resume_demo.render,
         "fault_injection": fault_injection.render,
         "gpu_count_sensitivity": gpu_count_sensitivity.publish,

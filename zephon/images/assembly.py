@@ -56,7 +56,7 @@ class BatchImages:
         h.update(rows_digest)
         for image in mine:
             h.update(np.asarray(image.grid, dtype="<i8").tobytes())
-            h.update(image.digest)
+            h.update(image.pixels()[1])  # waits for a late image's decode
         return h.digest()
 
     def finish(self, labels: np.ndarray, tokens: np.ndarray, ignore: int) -> ImageBatch | None:
@@ -67,7 +67,7 @@ class BatchImages:
         if not self.images:
             return None
         return ImageBatch.from_numpy(
-            [im.patches for im in self.images],  # views: no pixel is copied here
+            [im.pixels()[0] for im in self.images],  # views: no pixel is copied here
             np.array([im.grid for im in self.images], dtype=np.int64),
             np.array(self.rows, dtype=np.int64),
             np.array(self.starts, dtype=np.int64),

@@ -158,7 +158,7 @@ class DecodeProcesses:
     `submit` returns a Future."""
 
     def __init__(self, count: int):
-        self._tasks: queue.SimpleQueue[tuple[Task, Future[TaskResult]] | None] = queue.SimpleQueue()
+        self._tasks = _TaskQueue()
         self._procs: list[subprocess.Popen[bytes]] = []
         self.broken: str | None = None
         self._closed = False
@@ -187,6 +187,10 @@ class DecodeProcesses:
                 )
                 t.daemon = True
                 t.start()
+
+    def hurry(self, future: Future[TaskResult]) -> None:
+        """A step waits on this task: if it is still queued, it goes first."""
+        self._tasks.hurry(future)
 
     def submit(self, task: Task) -> Future[TaskResult]:
         future: Future[TaskResult] = Future()
@@ -286,6 +290,41 @@ class DecodeProcesses:
         self._closed = True
         for _ in self._procs:
             self._tasks.put(None)
+
+
+class _TaskQueue:
+    """The tasks not yet sent, in order, save those a step waits on (`hurry`): a
+    SimpleQueue whose items can move to the front (None: a sender's end)."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[tuple[Task, Future[TaskResult]] | None] = collections.deque()
+        self._ready = threading.Condition()
+
+    def put(self, item: tuple[Task, Future[TaskResult]] | None) -> None:
+        with self._ready:
+            self._items.append(item)
+            self._ready.notify()
+
+    def get(self) -> tuple[Task, Future[TaskResult]] | None:
+        with self._ready:
+            while not self._items:
+                self._ready.wait()
+            return self._items.popleft()
+
+    def get_nowait(self) -> tuple[Task, Future[TaskResult]] | None:
+        with self._ready:
+            if not self._items:
+                raise queue.Empty
+            return self._items.popleft()
+
+    def hurry(self, future: Future[TaskResult]) -> None:
+        with self._ready:
+            for i, item in enumerate(self._items):
+                if item is not None and item[1] is future:
+                    if i:
+                        del self._items[i]
+                        self._items.appendleft(item)
+                    return
 
 
 _pools: dict[int, DecodeProcesses] = {}

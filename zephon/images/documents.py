@@ -23,11 +23,20 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from zephon.errors import DataError, ImageError
+
+
+class LatePixels(Protocol):
+    """An image's patches still being decoded (images/work.py): their size is known
+    from the header; `get` waits for (patches, digest), or raises the ImageError."""
+
+    nbytes: int
+
+    def get(self) -> tuple[np.ndarray, bytes]: ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,14 +44,24 @@ class DocImage:
     offset: int  # token offset of the image's start token in its document
     num_tokens: int  # placeholders: num_patches / merge²
     grid: tuple[int, int]  # (h_patches, w_patches)
-    patches: np.ndarray  # [num_patches, 3 * p * p] uint8
-    digest: bytes  # SHA-256 of the grid and the patches (image_digest)
+    patches: np.ndarray | LatePixels  # [num_patches, 3 * p * p] uint8, or still decoding
+    digest: bytes  # SHA-256 of the grid and the patches (image_digest); b"" while late
     name: str  # the record, for error messages
 
     @property
     def block(self) -> int:
         """Tokens of the image in a row: start, placeholders, end."""
         return self.num_tokens + 2
+
+    @property
+    def nbytes(self) -> int:
+        return self.patches.nbytes
+
+    def pixels(self) -> tuple[np.ndarray, bytes]:
+        """(patches, digest): at hand, or waited for (the step that needs them)."""
+        if isinstance(self.patches, np.ndarray):
+            return self.patches, self.digest
+        return self.patches.get()
 
     def moved(self, offset: int) -> DocImage:
         return DocImage(offset, self.num_tokens, self.grid, self.patches, self.digest, self.name)
@@ -77,7 +96,7 @@ class ImageDoc:
         longest = patch_bytes = 0  # loops, not generators: one is made per document
         for im in images:
             longest = max(longest, im.block)
-            patch_bytes += im.patches.nbytes
+            patch_bytes += im.nbytes
         self.longest, self.patch_bytes = longest, patch_bytes
 
 

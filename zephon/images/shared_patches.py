@@ -172,6 +172,11 @@ class PatchArena:
         with self._lock:
             self._free(slot)
 
+    def give_later(self, slot: Slot) -> None:
+        """`give` from anywhere (a finalizer, another thread's callback): freed by the
+        next `take`, as a dead view's slot."""
+        self._dead.append(slot)
+
     def _free_dead(self) -> None:
         while self._dead:
             self._free(self._dead.popleft())

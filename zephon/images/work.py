@@ -18,14 +18,24 @@ lane, in two stateless steps (docs/design.md §14):
   to 8 of its documents per task decoded one after another (and each
   document's images one after another), so no more documents decode at once
   than there are processes, which is what the byte budget reserves decode
-  peaks for (images/budget.py); results are taken in the call's order, so no
-  byte depends on the process count. With fewer workers the calling thread
-  decodes, into memory of its own.
+  peaks for (images/budget.py). The document is framed from its images'
+  headers (their placeholders and grids are known before any pixel) and
+  reaches its lane at once, its pixels to come (`_LateDoc`): lanes pack on
+  the sizes, and the step whose rows hold one of its images takes the
+  document's results, moving its task to the front of the queue if it was
+  not sent yet. So the first batch waits for its own images, not for every
+  document the packers hold (best_fit's open bins). Under `bad_records =
+  "drop"` the results are taken before the document reaches a lane (a bad
+  image empties it, which changes the packing). No byte depends on the
+  process count or on when results are taken. With fewer workers the calling
+  thread decodes, into memory of its own.
 
 A bad image (not an image, truncated or corrupt, zero bytes, more pixels than
 `max_decoded_pixels`) makes its whole document bad: under `bad_records =
 "error"` the document becomes a stand-in that raises the ImageError naming
-shard and key when its lane picks it; under "drop" it becomes an empty
+shard and key when its lane picks it (a bad header, or any bad image decoded
+on the calling thread), or the step whose rows hold the image raises it (a
+body that fails in a decode process); under "drop" it becomes an empty
 document (just EOS) at its own index, like any other bad record, and is
 counted. Text documents that share a call are encoded exactly as without
 images (zephon/tokenize/long_pieces.py).
@@ -33,6 +43,8 @@ images (zephon/tokenize/long_pieces.py).
 
 from __future__ import annotations
 
+import threading
+import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -153,13 +165,28 @@ class ImageWork:
         for slot in slots:
             self.arena.give(slot)
 
-    def _take_started(self, v: SizedDoc) -> Decoded:
+    def _started_task(self, v: SizedDoc) -> tuple[Future[TaskResult], int, list[Slot]]:
+        """The task decoding `v` (submitted now if its call's was not), its place
+        in the task and its slots."""
         started = self._started.pop(id(v), None)
         if started is None or started[0] is not v:
             self._submit([v])
             started = self._started.pop(id(v))
         _, future, k, slots = started
+        return future, k, slots
+
+    def _take_started(self, v: SizedDoc) -> Decoded:
+        future, k, slots = self._started_task(v)
         return self._claim(v, future.result()[0][k], slots)
+
+    def hurry(self, future: Future[TaskResult]) -> None:
+        assert self._pool is not None
+        self._pool.hurry(future)
+
+    def give_later(self, slots: list[Slot]) -> None:
+        assert self.arena is not None
+        for slot in slots:
+            self.arena.give_later(slot)
 
     def _claim(self, v: SizedDoc, result: DocResult, slots: list[Slot]) -> Decoded:
         """A decode process's result for a document, its patches as views of their
@@ -222,11 +249,6 @@ class ImageWork:
             if isinstance(s, TextSegment)
         ]
         seg_ids = iter([e.ids for e in encode_raw(segments, self.tok)] if segments else [])
-        todo = [v for v in values if _decodable(v)]
-        if self._pool is not None:
-            decoded = iter([self._take_started(v) for v in todo])
-        else:
-            decoded = iter([self._decode(v) for v in todo])
         out: list[np.ndarray] = []
         for v, (reader, doc_id) in zip(values, origins, strict=True):
             if isinstance(v, str):
@@ -234,9 +256,22 @@ class ImageWork:
             elif not isinstance(v.value, MultimodalDoc):
                 out.append(self._empty())
             else:
-                images = next(decoded) if v.error is None else v.error
-                out.append(self._document(v, seg_ids, reader, doc_id, images))
+                out.append(self._document(v, seg_ids, reader, doc_id, self._images(v, reader)))
         return out
+
+    def _images(self, v: SizedDoc, reader: Any) -> Decoded | _LateDoc:
+        """A document's images: decoded here (fewer than two workers); or in the
+        decode processes, then waited for now where a bad image must make the
+        document empty before any lane sees it (`bad_records = "drop"`), else by the
+        first step that needs one of them (`_LateDoc`): lanes pack on the headers'
+        sizes meanwhile, and their first rows need only their own images decoded."""
+        if v.error is not None:
+            return v.error
+        if self._pool is None:
+            return self._decode(v)
+        if isinstance(reader, DroppingReader):
+            return self._take_started(v)
+        return _LateDoc(self, v, *self._started_task(v))
 
     def _decode(self, sized: SizedDoc) -> Decoded:
         """A document's images on this thread, one after another: patches and hash,
@@ -264,7 +299,7 @@ class ImageWork:
         return np.array([*self._head, self.tok.eos_id], dtype=np.int32)
 
     def _document(
-        self, sized: SizedDoc, seg_ids: Any, reader: Any, doc_id: int, images: Decoded
+        self, sized: SizedDoc, seg_ids: Any, reader: Any, doc_id: int, images: Decoded | _LateDoc
     ) -> np.ndarray:
         doc = sized.value
         assert isinstance(doc, MultimodalDoc)
@@ -272,7 +307,15 @@ class ImageWork:
         try:
             if isinstance(images, ImageError):
                 raise images
-            return self._frame(doc, texts, images)
+            if isinstance(images, _LateDoc):  # sized from the headers, pixels to come
+                late = [
+                    (s.num_tokens, s.grid, _LateImage(images, i, s.patch_bytes), b"")
+                    for i, s in enumerate(sized.sizings)
+                ]
+                return self._frame(doc, texts, late)
+            return self._frame(
+                doc, texts, [(p.num_tokens, p.grid, p.patches, d) for p, d in images]
+            )
         except ImageError as exc:
             if isinstance(reader, DroppingReader):
                 reader.drop(doc_id, exc)
@@ -280,9 +323,10 @@ class ImageWork:
             return bad_document(exc)
 
     def _frame(
-        self, doc: MultimodalDoc, texts: list[list[int]], decoded: list[tuple[ImagePatches, bytes]]
+        self, doc: MultimodalDoc, texts: list[list[int]], decoded: list[tuple[Any, ...]]
     ) -> ImageDocIds:
-        """The document's ids (BOS, segments in order, EOS) and its decoded images."""
+        """The document's ids (BOS, segments in order, EOS) and its images: per image
+        (placeholder tokens, grid, patches or LatePixels, digest)."""
         ids = self.ids
         pending = iter(decoded)
         pieces: list[Any] = []  # per segment: its text's ids, or (image, its block's length)
@@ -296,7 +340,7 @@ class ImageWork:
             else:
                 image = next(pending)
                 pieces.append((image, seg.name))
-                n += image[0].num_tokens + 2
+                n += image[0] + 2
         # one array, filled in place: a document is a few pieces, each a slice
         flat = np.empty(n, dtype=np.int32)
         at = len(self._head)
@@ -304,12 +348,12 @@ class ImageWork:
         images: list[DocImage] = []
         for piece in pieces:
             if isinstance(piece, tuple):
-                (out, digest), name = piece
-                end = at + out.num_tokens + 2
+                (num_tokens, grid, patches, digest), name = piece
+                end = at + num_tokens + 2
                 flat[at] = ids.start
                 flat[at + 1 : end - 1] = ids.pad
                 flat[end - 1] = ids.end
-                images.append(DocImage(at, out.num_tokens, out.grid, out.patches, digest, name))
+                images.append(DocImage(at, num_tokens, tuple(grid), patches, digest, name))
             else:
                 end = at + len(piece)
                 flat[at:end] = piece
@@ -340,3 +384,52 @@ def _images_of(v: SizedDoc) -> list[ImageSegment]:
 def _decodable(v: Any) -> bool:
     """A planned document with images to decode (no bad header)."""
     return isinstance(v, SizedDoc) and isinstance(v.value, MultimodalDoc) and v.error is None
+
+
+class _LateDoc:
+    """A document's images still in a decode process. The first step whose rows
+    hold one of them takes them all (moving their task to the front of the queue
+    if it has not been sent yet); a bad image is raised then, naming its record.
+    Slots of a document no step ever takes (its lanes dropped by a restore) are
+    freed when its task ends."""
+
+    def __init__(
+        self,
+        work: ImageWork,
+        sized: SizedDoc,
+        future: Future[TaskResult],
+        k: int,
+        slots: list[Slot],
+    ) -> None:
+        self._work, self._sized, self._future, self._k, self._slots = work, sized, future, k, slots
+        self._taken: Decoded | None = None
+        self._lock = threading.Lock()
+        self._untaken = weakref.finalize(self, _free_when_done, future, work, slots)
+
+    def get(self, i: int) -> tuple[np.ndarray, bytes]:
+        with self._lock:
+            if self._taken is None:
+                self._work.hurry(self._future)
+                result = self._future.result()[0][self._k]
+                self._untaken.detach()
+                self._taken = self._work._claim(self._sized, result, self._slots)
+        if isinstance(self._taken, ImageError):
+            raise self._taken
+        patches, digest = self._taken[i]
+        return patches.patches, digest
+
+
+class _LateImage:
+    """Image `i` of a `_LateDoc` (documents.LatePixels)."""
+
+    __slots__ = ("_doc", "_i", "nbytes")
+
+    def __init__(self, doc: _LateDoc, i: int, nbytes: int) -> None:
+        self._doc, self._i, self.nbytes = doc, i, nbytes
+
+    def get(self) -> tuple[np.ndarray, bytes]:
+        return self._doc.get(self._i)
+
+
+def _free_when_done(future: Future[TaskResult], work: ImageWork, slots: list[Slot]) -> None:
+    future.add_done_callback(lambda _f: work.give_later(slots))

@@ -144,3 +144,62 @@ def test_the_loaders_batches_hold_views_of_what_the_processes_wrote(tmp_path, to
         gc.collect()
         held = arena.used_bytes()  # only what the lookahead decoded ahead
     assert held < sum(b - a for a, b in spans)
+
+
+def test_a_task_a_step_waits_on_goes_first():
+    """`hurry` moves a queued task to the front; one already sent, or unknown, stays."""
+    from concurrent.futures import Future
+
+    from zephon.images.decode_processes import _TaskQueue
+
+    queue, futures = _TaskQueue(), [Future() for _ in range(4)]
+    for k, f in enumerate(futures):
+        queue.put((k, f))  # (the task's place: anything)
+    queue.put(None)
+    queue.hurry(futures[2])
+    queue.hurry(Future())
+    assert [queue.get()[0] for _ in range(4)] == [2, 0, 1, 3]
+    assert queue.get() is None
+
+
+def test_lanes_pack_on_the_headers_while_the_processes_decode(tmp_path, tokenizer_path):
+    """With decode processes (bad_records = "error"), a document reaches its lane
+    sized from its images' headers: with both processes stopped (SIGSTOP), the
+    lanes still take every document the first batch needs, and that batch, once the
+    processes go on, has the digest of a loader that decodes on its own thread."""
+    import threading
+    import time
+
+    ensure_sample_data()
+    recipe = tmp_path / "captions.toml"
+    recipe.write_text(
+        '[recipe]\nname = "captions"\nseed = 3\nlanes = 4\n[packing]\nalgorithm = "best_fit"\n'
+        "[image]\npatch_size = 8\nmerge = 2\nmin_pixels = 1024\nmax_pixels = 16384\n"
+        f'[[source]]\nname = "captions"\npath = "{SAMPLE}/images/*.tar"\n'
+    )
+    batches: list = []
+    with ZephonLoader(recipe, tokenizer_path, 256, 8, num_workers=1) as ld:
+        inline = step_digests([ld], 2, batches)
+    needed = batches[0][0].images.num_images
+    ld = ZephonLoader(recipe, tokenizer_path, 256, 8, num_workers=2, prefetch=0)
+    pids = [p.pid for p in decode_processes(2)._procs]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        got: list = []
+        first = threading.Thread(target=lambda: got.append(step_digests([ld], 1)))
+        first.start()
+        deadline = time.monotonic() + 30
+        framed = 0  # images of documents taken by the lanes (counted when framed)
+        while framed < needed and time.monotonic() < deadline:
+            time.sleep(0.05)
+            framed = ld.stats()["work"]["images_decoded"]
+        assert framed >= needed, (framed, needed)  # no pixel decoded yet:
+        assert first.is_alive() and not got  # the first batch waits for its own
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    first.join(timeout=60)
+    assert got and got[0] == inline[:1]
+    assert step_digests([ld], 1) == inline[1:]
+    ld.close()
