@@ -66,12 +66,15 @@ SHAPE = {"training.steps": STEPS, "checkpoint.interval": INTERVAL, "training.seq
 EXTRA = {
     **SHAPE,
     "fault_tolerance.enable": "true",
-    # A peer lost while a quorum's communicator forms is waited for this long (twice):
-    # short here, so the lighthouse's join timeout (lighthouse.JOIN_TIMEOUT_MS) covers it.
-    "fault_tolerance.step_timeout_s": 8,
     "fault_tolerance.group_count": GROUPS,
-}
-HEARTBEAT_MS = 1500
+}  # every timeout at its default, as a user runs it: the one-group runs (the README's
+# figure) and the checkpoint run
+HEARTBEAT_MS = 2000  # the lighthouse's default (runtime/lighthouse.py)
+# Where two faults meet (groups lost together, or one lost while another heals), a
+# peer lost while the quorum's communicator forms is waited for twice the step
+# timeout (30 s by default): 8 s here, so that a group started again rejoins within
+# the run.
+STEP_TIMEOUT_OF = {"two_groups": 8, "all_groups": 8, "during_heal": 8}
 # The run with two faults is longer: the group started again after the first must
 # rejoin, and the second one after it, before the end (each start takes ~20 s here).
 STEPS_OF = {"during_heal": 60}
@@ -97,15 +100,19 @@ class Lighthouse:
 class Groups:
     """The replica groups of one job on one dump folder: start, kill, watch."""
 
-    def __init__(self, dump: Path, lighthouse: Lighthouse, steps: int = STEPS):
+    def __init__(
+        self, dump: Path, lighthouse: Lighthouse, steps: int = STEPS, step_timeout: int = 0
+    ):
         shutil.rmtree(dump, ignore_errors=True)
         self.dump, self.lighthouse, self.steps = dump, lighthouse, steps
+        self.extra = {**EXTRA, "training.steps": steps}
+        if step_timeout:
+            self.extra["fault_tolerance.step_timeout_s"] = step_timeout
         self.jobs: dict[int, list[fi.Job]] = {}
 
     def start(self, k: int) -> fi.Job:
         env = {"FT_LIGHTHOUSE": self.lighthouse.address, "FT_REPLICA_ID": str(k)}
-        extra = {**EXTRA, "training.steps": self.steps}
-        job = fi.Job(self.dump, extra, nproc=PROCS, env=env, name=f"group{k}")
+        job = fi.Job(self.dump, self.extra, nproc=PROCS, env=env, name=f"group{k}")
         self.jobs.setdefault(k, []).append(job)
         return job
 
@@ -256,7 +263,7 @@ def scenario(name: str, seed: int, out: Path, ref: dict[int, dict[str, Any]]) ->
     """One fault run; `ref`: the reference run of its length (`STEPS_OF`)."""
     rng = random.Random(seed)
     lighthouse = Lighthouse()
-    g = Groups(out / f"{name}-{seed}", lighthouse, len(ref))
+    g = Groups(out / f"{name}-{seed}", lighthouse, len(ref), STEP_TIMEOUT_OF.get(name, 0))
     kills: list[tuple[float, list[int]]] = []
     survivors: dict[int, list[int | None]] = {}
     try:
@@ -365,6 +372,8 @@ def page(doc: dict[str, Any]) -> str:
         "# Live recovery\n\n"
         f"`.venv/bin/python {doc['command']}`: {GROUPS} replica groups x {PROCS} processes "
         f"(FSDP inside each) under torchft's lighthouse (heartbeat timeout {HEARTBEAT_MS} ms), "
+        f"every timeout at its default (step timeout {', '.join(STEP_TIMEOUT_OF)}: "
+        f"{max(STEP_TIMEOUT_OF.values())} s, so that a group started again rejoins), "
         f"the debug model, {STEPS} steps ({STEPS_OF['during_heal']} for during_heal), 8 lanes, a checkpoint every {INTERVAL} steps, on a "
         f"shared 2-core machine ({doc['wall_s']:.0f} s in all). Generated from "
         "`live_recovery.json` (`--render`). Time lost: kill to the next committed step, plus "
