@@ -110,7 +110,10 @@ def test_a_lost_group_costs_one_step_and_the_survivor_keeps_every_batch(
     assert (doc["replica_groups"], doc["steps_committed"]) == ([0, 1], STEPS), doc
     assert doc["steps_redone"] == (int(redone[1]) if redone else 0), (doc, recoveries)
     bad = doc["badput_seconds"]
-    assert bad["recovery"] > 1.0 and bad["between_attempts"] == 0, doc
+    # From the kill until the lighthouse drops group 1 (its 1.5 s heartbeat timeout)
+    # the survivor is in the step that fails or in the quorum that follows.
+    assert bad["recovery"] > 0 and bad["recovery"] + bad["steps_redone"] > 1.0, doc
+    assert bad["between_attempts"] == 0, doc
     assert (bad["steps_redone"] > 0) == (doc["steps_redone"] > 0), doc
     assert doc["productive_seconds"] + sum(bad.values()) == pytest.approx(
         doc["job_seconds"], abs=0.01
