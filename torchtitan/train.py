@@ -295,6 +295,7 @@ class Trainer:
             agreed = self._batch_counts(batch, stops is not None and stops.requested())
             if not agreed.have_all:
                 logger.info(f"data exhausted after step {self.step}; stopping")
+                self.ledger.drop_step()
                 break
             self.step += 1
             # Everything logged is reduced only at log steps (the same on every rank).

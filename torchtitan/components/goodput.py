@@ -143,6 +143,10 @@ class Ledger:
         """Step `step` begins (its quorum first)."""
         self._open, self._step = step, [self._clock()]
 
+    def drop_step(self) -> None:
+        """The open step will not be trained (the data ran out): no record."""
+        self._step = []
+
     def mark(self) -> None:
         """The step's current part ends: the quorum, then the data."""
         self._step.append(self._clock())
@@ -163,10 +167,10 @@ class Ledger:
             self._write({"span": cause, "step": step, "t": [round(t0, 4), round(self._clock(), 4)]})
 
     def end(self, code: int) -> None:
-        """The attempt ends with exit status `code`; a step still open when it fails (a
-        stop from outside, a peer lost) was cut short: its time so far counts as a
-        step that did not commit. (Status 0 with a step open: the data ran out.)"""
-        if self._step and code != 0:
+        """The attempt ends with exit status `code`; a step still open (a stop from
+        outside, a peer lost: whatever status the process then leaves with) was cut
+        short: its time so far counts as a step that did not commit."""
+        if self._step:
             self._step += [self._clock()] * (3 - len(self._step))
             self.close_step(self._open, committed=False)
         self._write({"end": round(self._clock(), 4), "code": code})
