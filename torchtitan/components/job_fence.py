@@ -142,6 +142,10 @@ class JobFence:
     def verdict(self, next_step: int, last_step: int) -> Leave | None:
         """Whether this group, about to train `next_step` of a job ending at
         `last_step`, must leave instead (None: go on)."""
+        # The generation first, the marker second: a group paused between the two
+        # reads (SIGSTOP, a long pause) while the job went on to its end then sees the
+        # marker, not a last commit without it (which would call it stale).
+        state = self.state()
         done = self.finished_at()
         if done is not None and done >= last_step:
             return Leave(
@@ -149,7 +153,6 @@ class JobFence:
                 f"{self.who}: the job finished at step {done} while this group was away "
                 f"(it was at step {next_step - 1}); it wrote nothing and leaves",
             )
-        state = self.state()
         if state is None or self.generation is None:
             return None
         if state.generation != self.generation:

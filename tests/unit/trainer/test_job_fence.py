@@ -61,6 +61,32 @@ def test_a_group_that_comes_back_after_the_end_leaves_and_a_longer_run_goes_on(t
     assert longer.finished_at() is None and late.verdict(9, 8) is not None
 
 
+def test_a_group_paused_between_its_two_reads_while_the_job_ended_is_told_it_finished(
+    tmp_path: Path,
+):
+    """The pause (SIGSTOP) comes between the verdict's two reads; meanwhile the writer
+    commits the last step and marks the job finished. The group reads the marker
+    after the generation, so it leaves as finished (exit 0), not as stale."""
+    writer = JobFence(str(tmp_path), "replica group 0")
+    writer.begin_generation(0)
+    writer.committed(1)
+    paused = JobFence(str(tmp_path), "replica group 1")
+    paused.adopt(1)
+    first_read = paused.state
+
+    def state_then_the_job_ends():  # the first read, then the pause
+        seen = first_read()
+        for step in range(2, 9):
+            writer.committed(step)
+        writer.finish(8)
+        return seen
+
+    paused.state = state_then_the_job_ends  # type: ignore[method-assign]
+    leave = paused.verdict(2, 8)
+    assert leave is not None and leave.finished, leave
+    assert "the job finished at step 8 while this group was away (it was at step 1)" in leave.line
+
+
 def test_a_damaged_fence_file_is_named(tmp_path: Path):
     fence = JobFence(str(tmp_path), "replica group 0")
     folder = tmp_path / FENCE_FOLDER
