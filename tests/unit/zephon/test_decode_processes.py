@@ -37,6 +37,17 @@ def _decode(pool: DecodeProcesses, arena: PatchArena, docs: list[list[tuple[byte
     return results, slots, cpu_ns
 
 
+def _captions(folder: Path) -> Path:
+    """The sample's captions on 4 lanes, best_fit, small images."""
+    recipe = folder / "captions.toml"
+    recipe.write_text(
+        '[recipe]\nname = "captions"\nseed = 3\nlanes = 4\n[packing]\nalgorithm = "best_fit"\n'
+        "[image]\npatch_size = 8\nmerge = 2\nmin_pixels = 1024\nmax_pixels = 16384\n"
+        f'[[source]]\nname = "captions"\npath = "{SAMPLE}/images/*.tar"\n'
+    )
+    return recipe
+
+
 def test_the_canary_images_decode_to_the_same_patches_and_digests_in_a_process():
     """Every kind the pixel definition covers (baseline and progressive JPEG, a
     palette PNG with alpha, a WebP with alpha, an EXIF-rotated JPEG)."""
@@ -118,12 +129,7 @@ def test_the_loaders_batches_hold_views_of_what_the_processes_wrote(tmp_path, to
     batch), freed once the batches are dropped; digests as with one worker, which
     decodes on its own thread into its own memory."""
     ensure_sample_data()
-    recipe = tmp_path / "captions.toml"
-    recipe.write_text(
-        '[recipe]\nname = "captions"\nseed = 3\nlanes = 4\n[packing]\nalgorithm = "best_fit"\n'
-        "[image]\npatch_size = 8\nmerge = 2\nmin_pixels = 1024\nmax_pixels = 16384\n"
-        f'[[source]]\nname = "captions"\npath = "{SAMPLE}/images/*.tar"\n'
-    )
+    recipe = _captions(tmp_path)
     with ZephonLoader(recipe, tokenizer_path, 256, 8, num_workers=1) as ld:
         inline = step_digests([ld], 3)
     batches: list = []
@@ -171,12 +177,7 @@ def test_lanes_pack_on_the_headers_while_the_processes_decode(tmp_path, tokenize
     import time
 
     ensure_sample_data()
-    recipe = tmp_path / "captions.toml"
-    recipe.write_text(
-        '[recipe]\nname = "captions"\nseed = 3\nlanes = 4\n[packing]\nalgorithm = "best_fit"\n'
-        "[image]\npatch_size = 8\nmerge = 2\nmin_pixels = 1024\nmax_pixels = 16384\n"
-        f'[[source]]\nname = "captions"\npath = "{SAMPLE}/images/*.tar"\n'
-    )
+    recipe = _captions(tmp_path)
     batches: list = []
     with ZephonLoader(recipe, tokenizer_path, 256, 8, num_workers=1) as ld:
         inline = step_digests([ld], 2, batches)
