@@ -235,14 +235,12 @@ class Summary:
         }
 
 
-def read_ledgers(
-    dump_folder: str, live: bool = False, running: str | None = None
-) -> tuple[list[Attempt], list[str]]:
+def read_ledgers(dump_folder: str, running: str | None = None) -> tuple[list[Attempt], list[str]]:
     """Every attempt in the dump folder's ledgers, and a note for each line that could
     not be read (a line cut short by a crash, another format) and each attempt
-    without its start or end. `live`: the job is running, so a last line without its
-    newline is one being written, left out without a note; `running`: the attempt
-    still running (no end record yet, and no note for it)."""
+    without its start or end. `running`: the attempt of a job still running: it has
+    no end record yet, and a last line without its newline is one being written;
+    neither is a note."""
     folder = os.path.join(dump_folder, FOLDER)
     names = (
         sorted(n for n in os.listdir(folder) if n.endswith(".jsonl"))
@@ -259,7 +257,7 @@ def read_ledgers(
             if not line.strip():
                 continue
             cut = i == len(lines)  # no newline after it: the writer stopped mid-line
-            if cut and live:
+            if cut and running is not None:
                 continue
             why = _read_line(line, name, attempts, foreign)
             if why:
@@ -314,7 +312,7 @@ def _read_line(
 def summarize(dump_folder: str, now: float | None = None, running: str | None = None) -> Summary:
     """The job's time by cause. `running`: the attempt id of a process still
     running, whose time goes on until `now`."""
-    attempts, notes = read_ledgers(dump_folder, live=running is not None, running=running)
+    attempts, notes = read_ledgers(dump_folder, running=running)
     if not attempts:
         raise FileNotFoundError(f"{os.path.join(dump_folder, FOLDER)}: no goodput ledger")
     wasted = _wasted(attempts)
