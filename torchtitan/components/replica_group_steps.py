@@ -70,6 +70,8 @@ class ReplicaGroupSteps:
         """Set when the peer this group copied from has other settings."""
         self._lost: Leave | None = None
         """Set when the lighthouse did not come back in time."""
+        self._ids_due = False
+        """Whether the groups agreed to gather their ids at the next commit."""
         self.fence = JobFence(cfg.job.dump_folder, f"replica group {self.groups.replica_id}")
         """The job's generation (job_fence.py): read and written by this group's rank 0."""
 
@@ -117,7 +119,7 @@ class ReplicaGroupSteps:
             return data
         if self._mismatch is not None:
             raise ConfigError(self._mismatch)
-        if membership != self.membership:
+        if self._agree_on_changes(membership):
             self._check_settings()
         if membership == self.membership and not redo:
             return data
@@ -127,6 +129,35 @@ class ReplicaGroupSteps:
         if self.start_doc is not None:
             data.restore(self.start_doc)
         return data
+
+    def _agree_on_changes(self, membership: Membership) -> bool:
+        """Collective over the quorum's groups, at every step: whether any group sees a
+        new membership (then every group checks the settings) or a quorum its records
+        do not know yet (then every group gathers the ids at the commit). The groups
+        decide together: each decides from its own history, which differs after a
+        lighthouse started again (it numbers quorums from 1), and a collective that
+        only some groups make pairs with another one in the others. The sum also
+        checks the communicator: as many groups as the quorum has, all in this quorum;
+        else the step fails and is made again."""
+        tag = float(membership.quorum * 64 + membership.groups)  # exact: under 2**38
+        mine = [
+            1.0,
+            float(membership != self.membership),
+            float(membership.quorum != self.log.quorum),
+            tag,
+        ]
+        got = self.groups.sum_values(mine)
+        if got is None:  # a group failed: the step will not commit
+            return False
+        count, changed, unknown, tags = got
+        if count != membership.groups or tags != membership.groups * tag:
+            self.groups.fail(
+                f"replica group {self.groups.replica_id}: the quorum's communicator joined "
+                f"{count:g} groups for {membership.groups} (quorum {membership.quorum})"
+            )
+            return False
+        self._ids_due = self._ids_due or unknown > 0
+        return changed > 0
 
     def _check_settings(self) -> None:
         """Collective over the quorum's groups, when it changed: every group's settings
@@ -191,10 +222,11 @@ class ReplicaGroupSteps:
         quorum changed); then `records(step)`."""
         self.start_doc = self.next_doc
         m = self.membership
-        if m.quorum != self.log.quorum:
+        if self._ids_due:  # (decided by every group together: `_agree_on_changes`)
             ids = self.groups.gather_bytes(str(self.groups.replica_id).encode())
             if ids is not None:  # (a group lost just after the commit: ask next step)
                 self.log.joined_quorum(m.quorum, [int(b) for b in ids])
+                self._ids_due = False
         line = self.log.committed(step, t0, self.groups.healed)
         if line and self.rank == 0:
             logger.warning(line)

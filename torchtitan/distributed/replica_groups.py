@@ -19,6 +19,7 @@ import os
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -47,7 +48,8 @@ class Membership:
     index: int
     """This group's place among them (its participating rank), in [0, groups)."""
     quorum: int = field(default=0, compare=False)
-    """The quorum's id: a new one after every membership change."""
+    """The quorum, as a number every member computes alike (`quorum_key`): another one
+    after every membership change."""
 
     def data_parallel(self, rank_in_group: int, ranks_per_group: int) -> tuple[int, int]:
         """(data-parallel rank, data-parallel size) of a group's data-parallel rank for
@@ -90,6 +92,10 @@ class ReplicaGroups(Protocol):
         """Whether every group finished the step: only then may it be applied."""
         ...
 
+    def fail(self, reason: str) -> None:
+        """Mark the step failed: it will not commit (a check of its collectives failed)."""
+        ...
+
     @property
     def healed(self) -> bool:
         """Whether the latest `begin_step` copied this group's state from a peer."""
@@ -123,6 +129,9 @@ class OneGroup:
     def commit(self) -> bool:
         return True
 
+    def fail(self, reason: str) -> None:
+        raise RuntimeError(reason)
+
     def close(self) -> None:
         pass
 
@@ -155,7 +164,9 @@ class TorchftGroups:
         self._load = load
         self.replica_id = ft.replica_id
         step_timeout = timedelta(seconds=ft.step_timeout_s)
-        pg = (ProcessGroupNCCL if device.type == "cuda" else ProcessGroupGloo)(timeout=step_timeout)
+        self._seen = _QuorumSeen()
+        base = ProcessGroupNCCL if device.type == "cuda" else ProcessGroupGloo
+        pg = _fresh_prefix(base, self._seen)(timeout=step_timeout)
         self._pg, self._dropped = pg, False
         try:
             self.manager = Manager(
@@ -186,6 +197,8 @@ class TorchftGroups:
             )
         except Exception as exc:
             raise ConfigError(_unreachable(ft, exc)) from exc
+        self._seen.client = self.manager._client
+        self.manager._client = self._seen  # what each quorum said: _fresh_prefix reads it
         self._had_quorum = False
         self._lost_since: float | None = None  # when the lighthouse stopped answering
         self._ft = ft
@@ -211,6 +224,9 @@ class TorchftGroups:
             why = self._answers()
             if why is not None:
                 self._lost_since = time.monotonic()
+                # The lighthouse that answers next numbers its quorums afresh: build the
+                # communicator again whatever id comes (every group that saw it go does).
+                self.manager._quorum_id = -1
                 if self.rank_in_group == 0:
                     logger.warning(
                         f"replica group {self.replica_id}: the lighthouse {self._ft.lighthouse} "
@@ -302,15 +318,26 @@ class TorchftGroups:
                 f"replica group {self.replica_id}: the quorum broke as it formed ({why}); "
                 "asking again"
             )
+        if self._seen.last is None:  # another torchft: its quorums went past us
+            raise RuntimeError(
+                "torchft's manager formed a quorum without its client's _quorum: this "
+                "torchft version is not supported (see pyproject.toml's ft extra)"
+            )
         rank = self.manager.participating_rank()
         if rank is None:  # not taking part (a spare above min_replicas): never here
             raise RuntimeError(f"replica group {self.replica_id} is not in the quorum")
-        return Membership(self.manager.num_participants(), rank, self.manager._quorum_id)
+        return Membership(self.manager.num_participants(), rank, quorum_key(self._seen.last))
 
     def sum_(self, tensor: torch.Tensor) -> None:
         from torch.distributed import ReduceOp
 
         self.manager.allreduce(tensor, reduce_op=ReduceOp.SUM).wait()
+        self._drop_if_broken()
+
+    def fail(self, reason: str) -> None:
+        """This step's cross-group collectives cannot be trusted (`reason`): the step
+        will not commit, and the next quorum builds the communicator again."""
+        self.manager.report_error(RuntimeError(reason))
         self._drop_if_broken()
 
     def _drop_if_broken(self) -> None:
@@ -372,6 +399,57 @@ class TorchftGroups:
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)
+
+
+class _QuorumSeen:
+    """torchft's manager client, keeping the latest quorum it returned."""
+
+    def __init__(self) -> None:
+        self.client: Any = None
+        self.last: Any = None
+
+    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
+        self.last = self.client._quorum(*args, **kwargs)
+        return self.last
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+def quorum_key(quorum: Any) -> int:
+    """A quorum as a 32-bit number: its id and its members (one uuid per process). A
+    lighthouse started again numbers its quorums from 1, so the id alone may name an
+    old quorum with other members."""
+    if quorum is None:
+        return 0
+    members = ",".join(sorted(quorum.replica_ids))
+    return zlib.crc32(f"{quorum.quorum_id}:{members}".encode())
+
+
+def store_prefix(store_addr: str, quorum: Any) -> str:
+    """The store address a quorum's communicator rendezvouses under: torchft's
+    (`host:port/torchft/<quorum id>/<rank>`) with the quorum's step and members
+    (their ids carry one uuid per process) before the rank. A lighthouse started
+    again numbers its quorums from 1: without them, a new quorum would meet the
+    keys an old one with its id left in the store, and connect to a communicator
+    that is still in use."""
+    if quorum is None:
+        return store_addr
+    members = zlib.crc32(",".join(sorted(quorum.replica_ids)).encode())
+    head, _, rank = store_addr.rpartition("/")
+    return f"{head}/{quorum.max_step}-{members:08x}/{rank}"
+
+
+def _fresh_prefix(base: type, seen: _QuorumSeen) -> type:
+    """torchft's reconfigurable process group whose communicators rendezvous under
+    `store_prefix`."""
+
+    class FreshPrefix(base):  # type: ignore[misc, valid-type]
+        def configure(self, store_addr: str, *args: Any, **kwargs: Any) -> None:
+            super().configure(store_prefix(store_addr, seen.last), *args, **kwargs)
+
+    FreshPrefix.__name__ = base.__name__
+    return FreshPrefix
 
 
 def _first_line(error: object) -> str:

@@ -4,13 +4,15 @@ settings a fault-tolerant job refuses."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from torchtitan.components.recovery_log import RecoveryLog
 from torchtitan.components.replica_group_steps import lanes_per_group
 from torchtitan.components.step_driver import data_parallel_sizes
 from torchtitan.config.job_config import ConfigError, FaultTolerance, load_job_config
-from torchtitan.distributed.replica_groups import Membership
+from torchtitan.distributed.replica_groups import Membership, quorum_key, store_prefix
 from zephon import resolve_layout
 
 
@@ -132,3 +134,26 @@ def test_the_timeout_defaults_keep_the_documented_rule() -> None:
     assert f"`--heartbeat-timeout-ms` ({defaults.heartbeat_timeout_ms})" in page
     assert re.search(rf"\| `step_timeout_s` \| {step_s:g} \|", page)
     assert "Keep it above twice\n`step_timeout_s`" in page
+
+
+def test_a_communicator_rendezvouses_under_its_quorum_step_and_members() -> None:
+    """A lighthouse started again numbers quorums from 1: a quorum that gets an old id
+    must not meet the store keys of the communicator that id had (still in use by a
+    group that kept it): its step and members (one uuid per process) tell them apart."""
+    ids = ["00001:b7c1", "00000:41aa"]
+    quorum = SimpleNamespace(max_step=12, replica_ids=ids)
+    mine = store_prefix("host:29500/torchft/2/0", quorum)
+    assert mine.startswith("host:29500/torchft/2/12-") and mine.endswith("/0")
+    peer = store_prefix(
+        "host:29500/torchft/2/1", SimpleNamespace(max_step=12, replica_ids=ids[::-1])
+    )
+    assert peer.rpartition("/")[0] == mine.rpartition("/")[0]  # every rank, either order
+    later = store_prefix("host:29500/torchft/2/0", SimpleNamespace(max_step=13, replica_ids=ids))
+    again = SimpleNamespace(max_step=12, replica_ids=["00001:b7c1", "00000:9e02"])
+    assert len({mine, later, store_prefix("host:29500/torchft/2/0", again)}) == 3
+    assert store_prefix("host:29500/torchft/2/0", None) == "host:29500/torchft/2/0"
+    # The same id with other members is another quorum; the members' order is not.
+    q = SimpleNamespace(quorum_id=1, replica_ids=ids)
+    assert quorum_key(q) == quorum_key(SimpleNamespace(quorum_id=1, replica_ids=ids[::-1]))
+    assert quorum_key(q) != quorum_key(SimpleNamespace(quorum_id=1, replica_ids=ids[:1]))
+    assert quorum_key(q) != quorum_key(SimpleNamespace(quorum_id=2, replica_ids=ids))

@@ -14,6 +14,7 @@ from helpers.train import BASE_ARGS, ensure_sample_data
 from torchtitan.components.replica_group_steps import ReplicaGroupSteps
 from torchtitan.config.job_config import load_job_config
 from torchtitan.datasets.dataloader import TrainDataLoader
+from torchtitan.distributed.replica_groups import Membership
 
 
 def test_a_redo_without_a_membership_change_makes_the_same_batch_again(one_process_group, tmp_path):
@@ -49,3 +50,69 @@ def test_a_redo_without_a_membership_change_makes_the_same_batch_again(one_proce
     finally:
         for loader in built:
             loader.close()
+
+
+class _Scripted:
+    """One group's side of the cross-group collectives; what the other group adds to
+    each sum is scripted. Records the collectives this group makes, in order."""
+
+    replica_id = 0
+    may_change = True
+    healed = False
+
+    def __init__(self, membership: Membership, theirs: list[float]):
+        self.membership, self.theirs, self.calls = membership, theirs, []
+
+    def begin_step(self) -> Membership:
+        return self.membership
+
+    def sum_values(self, values: list[float]) -> list[float]:
+        self.calls.append("sum")
+        return [a + b for a, b in zip(values, self.theirs, strict=True)]
+
+    def gather_bytes(self, payload: bytes) -> list[bytes]:
+        self.calls.append("gather")
+        return [payload, payload]  # the other group has the same settings
+
+    def fail(self, reason: str) -> None:
+        self.calls.append(f"fail: {reason}")
+
+
+def _tag(m: Membership) -> float:
+    return float(m.quorum * 64 + m.groups)
+
+
+def test_groups_decide_together_which_collectives_a_step_makes(one_process_group, tmp_path):
+    """After a lighthouse started again, quorum ids begin at 1 again: a group can find
+    the same id it had (nothing changed, by its own history) while the other, which
+    passed through a quorum of its own meanwhile, sees a new membership. Both must
+    then check the settings (a gather only one of them made would pair with the
+    other's next collective: bytes read as numbers). A communicator that joined
+    fewer groups than the quorum has fails the step."""
+    ensure_sample_data()
+    cfg = load_job_config([*BASE_ARGS, "--job.dump_folder", str(tmp_path / "dump")])
+    steps = ReplicaGroupSteps(
+        cfg, 0, 1, 1, torch.device("cpu"), lambda r, n: None, dict, lambda s: None, start=0
+    )  # type: ignore[arg-type]
+    same = Membership(2, 0, quorum=2)
+    steps.membership, steps.log.quorum = same, 2  # this group's own history: quorum 2
+
+    def step(theirs: list[float]) -> list[str]:
+        steps.groups = scripted = _Scripted(same, theirs)  # type: ignore[assignment]
+        data = object()
+        assert steps.begin(data, redo=False) is data  # (its lanes did not change)
+        steps._ids_due = False
+        return scripted.calls
+
+    assert step([1.0, 1.0, 0.0, _tag(same)]) == ["sum", "gather"]  # the other saw a change
+    assert step([1.0, 0.0, 0.0, _tag(same)]) == ["sum"]  # nobody did: one sum a step
+    assert not steps._ids_due
+    steps.groups = _Scripted(same, [1.0, 0.0, 1.0, _tag(same)])  # type: ignore[assignment]
+    steps.begin(object(), redo=False)
+    assert steps._ids_due  # the other's records lack this quorum: both gather ids
+    broken = step([0.0, 1.0, 0.0, 0.0])  # only this group on the communicator
+    assert broken[0] == "sum" and broken[1].startswith(
+        "fail: replica group 0: the quorum's communicator joined 1 groups for 2"
+    )
+    assert len(broken) == 2  # no settings gather on a communicator that is not the quorum's
+    assert step([1.0, 0.0, 0.0, _tag(Membership(2, 0, quorum=1))])[1].startswith("fail")
