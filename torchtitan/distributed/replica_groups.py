@@ -199,6 +199,7 @@ class TorchftGroups:
             raise ConfigError(_unreachable(ft, exc)) from exc
         self._seen.client = self.manager._client
         self.manager._client = self._seen  # what each quorum said: _fresh_prefix reads it
+        _quiet_access_log(self.manager)
         self._had_quorum = False
         self._lost_since: float | None = None  # when the lighthouse stopped answering
         self._ft = ft
@@ -450,6 +451,22 @@ def _fresh_prefix(base: type, seen: _QuorumSeen) -> type:
 
     FreshPrefix.__name__ = base.__name__
     return FreshPrefix
+
+
+def _quiet_access_log(manager: Any) -> None:
+    """torchft's checkpoint server (a peer copies this group's state from it) writes
+    http.server's access line to stderr for every request: here it goes to torchft's
+    logger, shown with TORCHTITAN_FT_DEBUG=1 like the rest of its chatter."""
+    server = getattr(getattr(manager, "_checkpoint_transport", None), "_server", None)
+    handler = getattr(server, "RequestHandlerClass", None)
+    if handler is None:
+        return
+    access = logging.getLogger("torchft.checkpoint_server")
+
+    def log_message(self: Any, fmt: str, *args: Any) -> None:
+        access.info(f"{self.address_string()} {fmt % args}")
+
+    handler.log_message = log_message
 
 
 def _first_line(error: object) -> str:

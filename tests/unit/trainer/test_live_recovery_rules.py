@@ -157,3 +157,25 @@ def test_a_communicator_rendezvouses_under_its_quorum_step_and_members() -> None
     assert quorum_key(q) == quorum_key(SimpleNamespace(quorum_id=1, replica_ids=ids[::-1]))
     assert quorum_key(q) != quorum_key(SimpleNamespace(quorum_id=1, replica_ids=ids[:1]))
     assert quorum_key(q) != quorum_key(SimpleNamespace(quorum_id=2, replica_ids=ids))
+
+
+def test_the_checkpoint_servers_access_line_goes_to_torchfts_logger(capsys, caplog) -> None:
+    """A peer copying this group's state made torchft's HTTP server print an access
+    line on stderr; it belongs with torchft's chatter (TORCHTITAN_FT_DEBUG=1)."""
+    from http.server import BaseHTTPRequestHandler
+
+    from torchtitan.distributed.replica_groups import _quiet_access_log
+
+    class Handler(BaseHTTPRequestHandler):  # as torchft's server builds its own
+        def __init__(self) -> None:
+            self.client_address, self.requestline = ("10.0.0.7", 5), "GET /checkpoint/0 HTTP/1.1"
+
+    server = SimpleNamespace(RequestHandlerClass=Handler)
+    _quiet_access_log(SimpleNamespace(_checkpoint_transport=SimpleNamespace(_server=server)))
+    with caplog.at_level("INFO", logger="torchft.checkpoint_server"):
+        Handler().log_request(200)
+    assert capsys.readouterr().err == ""
+    assert [r.getMessage() for r in caplog.records] == [
+        '10.0.0.7 "GET /checkpoint/0 HTTP/1.1" 200 -'
+    ]
+    _quiet_access_log(SimpleNamespace())  # another torchft: nothing to quiet, no error
