@@ -115,6 +115,21 @@ class Job:
         self.wait(30)
 
 
+def kill_together(jobs: list[Job]) -> float:
+    """SIGKILL every process of these launches at once (a lost node or replica group,
+    all its processes in the same instant), then reap them; the time it was sent."""
+    trees = [job.tree() for job in jobs]
+    t = time.time()
+    for pid in (p for tree in trees for p in tree):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for job in jobs:
+        job.wait(30)
+    return t
+
+
 def wait_for(cond: Callable[[], bool], job: Job, timeout: float) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:

@@ -156,6 +156,23 @@ def soak(doc: dict[str, Any]) -> str:
     )
 
 
+def soak_live(doc: dict[str, Any]) -> str:
+    faults = doc["faults"]
+    kinds = len({f["kind"] for f in faults})
+    digests = "every digest right" if not doc["wrong_digests"] else "wrong digests"
+    changed = doc["checkpoints"]["changed_after_complete"]
+    kept = (
+        "no complete checkpoint changed" if not changed else f"{len(changed)} checkpoints changed"
+    )
+    elastic = doc["elastic"].get("time_lost_share")
+    vs = f" ({100 * (1 - elastic):.1f}% in the elastic soak)" if elastic is not None else ""
+    return (
+        f"{len(faults)} faults of {kinds} kinds (groups killed and paused, the lighthouse "
+        f"restarted, every group lost) in {doc['wall_s'] / 60:.0f} minutes: {digests}, {kept}; "
+        f"{100 * (1 - doc['time_lost_share']):.1f}% of the time kept{vs}"
+    )
+
+
 def bench_throughput(doc: dict[str, Any]) -> str:
     ratios = [r["ratio"] for r in doc["results"].values()]
     return f"pipeline at {min(ratios):.2f}-{max(ratios):.2f}x raw `encode_batch` throughput"
@@ -203,6 +220,7 @@ CLAIMS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("A lost replica group costs one step, not a restart", "live_recovery", live_recovery),
     ("Unattended runs recover", "elastic_scenarios", elastic_scenarios),
     ("An hour of faults alone", "soak", soak),
+    ("An hour of faults with live recovery", "soak_live", soak_live),
     ("Determinism is cheap", "bench_throughput", bench_throughput),
     ("Images keep up", "bench_images", bench_images),
     ("The tests catch broken rules", "mutation", mutation),

@@ -15,6 +15,9 @@ debug model, 30 steps, the 8 lanes of the sample mix (uneven over 3 groups of 2:
   DCP checkpoint by the normal path;
 - during_heal: a group killed, started again, and another group killed as the
   first one finishes copying its state from a peer.
+- lighthouse_restarted (one per seed): the lighthouse killed at a random step and
+  started again on its address after a random delay; every group goes on (the
+  same processes, exit 0);
 - checkpoints: the groups start from an ordinary checkpoint (a run without fault
   tolerance), and a job without it resumes on 1 process from theirs.
 Checked for each: every step once in metrics.jsonl with the reference run's global
@@ -30,11 +33,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -54,6 +55,7 @@ from harness.train import (
     read_metrics,
     render_results,
 )
+from torchtitan.distributed.utils import free_port
 
 RESULTS = REPO / "docs" / "results" / "live_recovery.json"
 # The documentation page whose `<!-- live_recovery:begin/end -->` markers quote the summary.
@@ -78,13 +80,17 @@ STEP_TIMEOUT_OF = {"two_groups": 8, "all_groups": 8, "during_heal": 8}
 # The run with two faults is longer: the group started again after the first must
 # rejoin, and the second one after it, before the end (each start takes ~20 s here).
 STEPS_OF = {"during_heal": 60}
-SCENARIOS = ("one_group", "two_groups", "all_groups", "during_heal", "checkpoints")
+SCENARIOS = (
+    "one_group", "two_groups", "all_groups", "during_heal", "lighthouse_restarted", "checkpoints",
+)  # fmt: skip
 
 
 class Lighthouse:
-    def __init__(self) -> None:
+    """The lighthouse on `port` (0: any free one)."""
+
+    def __init__(self, port: int = 0) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "torchtitan.runtime.lighthouse", "--port", "0",
+            [sys.executable, "-m", "torchtitan.runtime.lighthouse", "--port", str(port),
              "--host", "127.0.0.1", "--heartbeat-timeout-ms", str(HEARTBEAT_MS)],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )  # fmt: skip
@@ -111,7 +117,9 @@ class Groups:
         self.jobs: dict[int, list[fi.Job]] = {}
 
     def start(self, k: int) -> fi.Job:
-        env = {"FT_LIGHTHOUSE": self.lighthouse.address, "FT_REPLICA_ID": str(k)}
+        # torchft's chatter in the logs: the checkpoint server's access lines (`copies`)
+        env = {"FT_LIGHTHOUSE": self.lighthouse.address, "FT_REPLICA_ID": str(k),
+               "TORCHTITAN_FT_DEBUG": "1"}  # fmt: skip
         job = fi.Job(self.dump, self.extra, nproc=PROCS, env=env, name=f"group{k}")
         self.jobs.setdefault(k, []).append(job)
         return job
@@ -124,16 +132,7 @@ class Groups:
 
     def kill(self, ks: list[int]) -> float:
         """SIGKILL every process of these groups at once; the time it was sent."""
-        trees = [self.current(k).tree() for k in ks]
-        t = time.time()
-        for pid in (p for tree in trees for p in tree):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        for k in ks:
-            self.current(k).wait(30)
-        return t
+        return fi.kill_together([self.current(k) for k in ks])
 
     def records(self) -> dict[int, dict[str, Any]]:
         return read_metrics(self.dump) if (self.dump / "metrics.jsonl").exists() else {}
@@ -306,6 +305,35 @@ def scenario(name: str, seed: int, out: Path, ref: dict[int, dict[str, Any]]) ->
         lighthouse.close()
 
 
+def lighthouse_restarted(seed: int, out: Path, ref: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The lighthouse killed (SIGKILL) after a step every group trained, and started
+    again on its address 1-5 s later: every group goes on in the same processes."""
+    rng = random.Random(seed)
+    port = free_port()
+    lighthouse = Lighthouse(port)
+    g = Groups(out / f"lighthouse-{seed}", lighthouse, len(ref))
+    try:
+        for k in range(GROUPS):
+            g.start(k)
+        at = rng.randint(4, 10)
+        if not g.wait_record(lambda r: _full(r, at), 300):
+            return {"problem": f"the {GROUPS} groups never trained step {at} together"}
+        survivors = {k: g.pids(k) for k in range(GROUPS)}
+        t_kill = time.time()
+        lighthouse.proc.kill()
+        lighthouse.proc.wait(10)
+        delay = round(rng.uniform(1, 5), 1)
+        time.sleep(delay)
+        lighthouse = g.lighthouse = Lighthouse(port)
+        g.wait_record(lambda r: _full(r, max(r, default=0)) and max(r, default=0) > at + 1, 300)
+        later = {k: g.pids(k) for k in survivors}
+        result = check(g, ref, [(t_kill, [])], survivors, later, g.finish(300))
+        return {"seed": seed, "kill_step": at, "victims": [], "restart_delay_s": delay, **result}
+    finally:
+        g.finish(5)
+        lighthouse.close()
+
+
 def verdict(r: dict[str, Any]) -> str:
     if r.get("problem"):
         return r["problem"]
@@ -419,7 +447,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", type=Path, default=REPO / "outputs" / "live_recovery")
     p.add_argument("--results", type=Path, default=REPO / "docs" / "results")
-    p.add_argument("--seeds", type=int, default=5, help="one_group runs (one per seed)")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=5,
+        help="one_group and lighthouse_restarted runs (one per seed)",
+    )
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--no-elastic", action="store_true", help="skip the elastic comparison")
     p.add_argument("--render", type=Path, default=None, help="no runs: JSON -> .md")
@@ -448,10 +481,12 @@ def main(argv: list[str] | None = None) -> int:
         old = json.loads(path.read_text())
         runs = [r for r in old["runs"] if r["scenario"] not in a.scenarios.split(",")]
     for name in names:
-        for seed in range(a.seeds if name == "one_group" else 1):
+        for seed in range(a.seeds if name in ("one_group", "lighthouse_restarted") else 1):
             t = time.monotonic()
             if name == "checkpoints":
                 r = {"scenario": name, **checkpoints(out, ref_dump, ref)}
+            elif name == "lighthouse_restarted":
+                r = {"scenario": name, "steps": STEPS, **lighthouse_restarted(seed, out, ref)}
             else:
                 steps = STEPS_OF.get(name, STEPS)
                 r = {"scenario": name, "steps": steps, **scenario(name, seed, out, refs[steps])}

@@ -4,6 +4,7 @@
     .venv/bin/python scripts/experiments/soak.py                       # 60 minutes, 16 faults, seed 0
     .venv/bin/python scripts/experiments/soak.py --minutes 8 --faults 3   # a quick look
     .venv/bin/python scripts/experiments/soak.py --render docs/results/soak.json
+    .venv/bin/python scripts/experiments/soak.py --mode live   # replica groups: soak_live.py
 
 Three `run_train.sh` agents of one process each (NNODES=1:3, an etcd-v2 rendezvous on
 an etcd server this script starts on 127.0.0.1, so no node is special; MAX_RESTARTS=3
@@ -43,6 +44,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -399,12 +401,18 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def verdict(doc: dict[str, Any]) -> list[str]:
+def data_problems(doc: dict[str, Any]) -> list[str]:
+    """What the job's records say against the data: each step once, the data's digest."""
     bad = []
     if not doc["each_step_once"]:
         bad.append("a step is missing or logged twice")
     if doc["wrong_digests"]:
         bad.append(f"WRONG DATA at steps {doc['wrong_digests'][:10]}")
+    return bad
+
+
+def verdict(doc: dict[str, Any]) -> list[str]:
+    bad = data_problems(doc)
     if doc["checkpoints"]["not_verified"]:
         bad.append(f"checkpoints that do not verify: {sorted(doc['checkpoints']['not_verified'])}")
     for f in doc["faults"]:
@@ -444,6 +452,11 @@ def report(doc: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "--mode", choices=("elastic", "live"), default="elastic",
+        help="elastic: one job of 3 agents (this page); live: 3 replica groups under a "
+        "lighthouse (soak_live.py)",
+    )  # fmt: skip
     p.add_argument("--minutes", type=float, default=60)
     p.add_argument("--faults", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
@@ -451,17 +464,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=REPO / "outputs" / "soak")
     p.add_argument("--results", type=Path, default=REPO / "docs" / "results")
     p.add_argument("--run-timeout", type=float, default=600)
+    p.add_argument("--steps", type=int, default=0, help="live: training.steps (0: from --minutes)")
     p.add_argument("--render", type=Path, default=None, help="no run: JSON -> .md")
     a = p.parse_args(argv)
     if a.render is not None:
-        return render_results(a.render, report)
-    doc = run(a)
+        live = a.render.name.startswith("soak_live")
+        if live:
+            import soak_live
+
+        return render_results(a.render, soak_live.report if live else report)
+    if a.mode == "live":
+        import soak_live
+
+        return soak_live.main(a)
+    return publish(a, "soak", run(a), report, verdict)
+
+
+def publish(
+    a: argparse.Namespace,
+    name: str,
+    doc: dict[str, Any],
+    page: Callable[[dict[str, Any]], str],
+    problems: Callable[[dict[str, Any]], list[str]],
+) -> int:
+    """Write `name`.json and its page under --results; exit 1 if the verdict has problems."""
     a.results.mkdir(parents=True, exist_ok=True)
-    path = a.results / "soak.json"
+    path = a.results / f"{name}.json"
     path.write_text(json.dumps(doc, indent=1).replace(f"{REPO}/", "") + "\n")
-    render_results(path, report)
-    print(report(doc))
-    return 0 if not verdict(doc) else 1
+    render_results(path, page)
+    print(page(doc))
+    return 0 if not problems(doc) else 1
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ import phases_demo
 import preempt_save_time
 import pytest
 import soak
+import soak_live
 import two_node_resume
 import uneven_resume
 import vlm_caption_probe
@@ -70,6 +71,7 @@ PAGES: dict[str, Callable[[Any], str]] = {
     "phases_demo": phases_demo.page,
     "preempt_save_time": preempt_save_time.report,
     "soak": soak.report,
+    "soak_live": soak_live.report,
     "two_node_resume": two_node_resume.page,
     "uneven_resume": uneven_resume.page,
     "vlm_caption_probe": vlm_caption_probe.page,
