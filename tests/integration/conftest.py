@@ -21,10 +21,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def zephon_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    """The debug model trained on 4 processes for 6 steps, checkpoint at step 3."""
+    """The debug model trained on 4 processes for 6 steps, checkpoint at step 3 (once
+    for all workers: tests only read it)."""
+    from helpers.shared import once
     from helpers.train import ensure_sample_data, metrics, ok, torchrun
 
     ensure_sample_data()
-    dump = tmp_path_factory.mktemp("ref4")
-    ok(torchrun(4, dump))
+    dump = once(tmp_path_factory, "ref4", lambda folder: ok(torchrun(4, folder)))
     return dump, metrics(dump)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.shared import once
 
 from harness.faults import STEPS, Job, digests_ok, steps_logged, wait_for
 from harness.train import REPO, read_metrics
@@ -58,10 +59,12 @@ def _alone_trained(dump: Path) -> bool:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
     """The records of an ordinary 2-process run of the same job."""
-    ref_dump = tmp_path_factory.mktemp("ref")
-    ref = Job(ref_dump, nproc=2, name="ref")
-    assert ref.wait(240) == 0, ref.output()[-3000:]
-    return read_metrics(ref_dump)
+
+    def make(folder: Path) -> None:
+        ref = Job(folder, nproc=2, name="ref")
+        assert ref.wait(240) == 0, ref.output()[-3000:]
+
+    return read_metrics(once(tmp_path_factory, "ft-reference", make))  # (for both workers)
 
 
 def test_a_lost_group_costs_one_step_and_the_survivor_keeps_every_batch(

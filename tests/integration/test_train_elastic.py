@@ -71,7 +71,7 @@ def test_resume_on_same_process_count_is_bitwise_identical(zephon_reference, tmp
 def test_initial_weights_do_not_depend_on_process_count(tmp_path):
     ensure_sample_data()
     digests = set()
-    for nproc in (1, 2, 4):
+    for nproc in (1, 4):  # unsharded, and sharded (as 2 would be, on more ranks)
         proc = ok(
             torchrun(
                 nproc,

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers.shared import once
 from helpers.train import (
     STEPS,
     K,
@@ -54,8 +55,12 @@ def mesh_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path,
     ensure_sample_data()
     runs = {}
     for name, extra in (("hsdp", [*HSDP, "--checkpoint.async_mode", "async"]), ("tp", TP)):
-        dump = tmp_path_factory.mktemp(name)
-        runs[name] = (dump, ok(torchrun(4, dump, *extra)).stdout)
+
+        def make(folder: Path, extra: list[str] = extra) -> None:
+            (folder / "stdout.txt").write_text(ok(torchrun(4, folder / "dump", *extra)).stdout)
+
+        made = once(tmp_path_factory, f"mesh-{name}", make)  # (one run for both workers)
+        runs[name] = (made / "dump", (made / "stdout.txt").read_text())
     return runs
 
 
