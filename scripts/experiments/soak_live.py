@@ -10,7 +10,7 @@ at its default) train the debug model on the sample recipe's 8 lanes with the el
 soak's settings (seq_len 64, a global batch of 16 rows, a checkpoint every 10 steps).
 `training.steps` is sized from --minutes, and the faults are spread over the steps (a
 fault waits until every group trains together again). The script plays the cluster,
-its scheduler and its operator; in seeded order, one of each kind in turn:
+its scheduler and its operator; in seeded order, each kind at least once (16 faults):
 - group_killed: kill -9 of every process of a group; it is started again after a
   seeded delay;
 - rank_killed: kill -9 of one rank of a group; its launcher ends the group (exit 1,
@@ -29,7 +29,7 @@ its scheduler and its operator; in seeded order, one of each kind in turn:
   newest checkpoint.
 The last fault is always pause_until_finished: a group paused until the others have
 finished the job, then woken: it must write nothing (every file of the dump folder
-unchanged), say why in one line and exit 0.
+unchanged but its own ledger and lock), say why in one line and exit 0.
 
 Checked at the end: every step 1..N in metrics.jsonl once, with the global-batch
 digest the data gives (a one-rank loader); every complete checkpoint verifies against
