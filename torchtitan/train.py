@@ -488,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(cfg, info, ledger)
         code = trainer.run()
     except BaseException as exc:
+        ledger.failed()  # what follows is the failure's cost, not a step's
         # One message for the whole job, from whichever rank failed first (a
         # user-input error without a traceback); every other rank exits at once.
         code = guard.fail(exc)

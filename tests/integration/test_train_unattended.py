@@ -291,6 +291,9 @@ def test_an_uneven_elastic_job_goes_on_without_a_killed_agent_then_stops_on_ctrl
     bad = doc["badput_seconds"]
     assert bad["between_attempts"] > 0 and bad["checkpoint_restore"] > 0, doc
     assert bad["steps_redone"] > 0 or lost == resumed, doc
+    # The first attempt's teardown after its collective broke (the peer's report
+    # awaited, 3 heartbeats at most) is recovery, wherever the break came: a step or a save.
+    assert bad["recovery"] > 1.0, doc
     assert doc["productive_seconds"] + sum(bad.values()) == pytest.approx(
         doc["job_seconds"], abs=0.01
     )

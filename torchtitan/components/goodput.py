@@ -12,8 +12,9 @@ Each process that writes the job's records (rank 0 of a job, of each replica
 group) appends one JSON line per event to `goodput/ledger.jsonl` in the dump
 folder (`ledger-group<N>.jsonl` for replica group N): the attempt's start, each
 step's three parts (quorum, data, compute) and whether it committed, each
-checkpoint save (its blocking part), restore and validation, and the end. The
-lines are written whole, one `write` each, and never changed.
+checkpoint save (its blocking part), restore and validation, a failure's
+teardown, and the end. The lines are written whole, one `write` each, and never
+changed.
 
 `summarize` reads every ledger of a dump folder and lays their intervals on
 one wall clock. Where intervals overlap (two groups), the instant goes to the
@@ -69,7 +70,7 @@ PRIORITY = (
     "startup",
     "other",
 )
-SPANS = ("checkpoint_save", "checkpoint_restore", "validation")
+SPANS = ("checkpoint_save", "checkpoint_restore", "validation", "recovery")
 
 
 def launched_at(environ: dict[str, str] | None = None) -> float:
@@ -118,6 +119,7 @@ class Ledger:
         self.attempt = uuid.uuid4().hex[:12]
         self._step: list[float] = []
         self._open = 0
+        self._failed_at: float | None = None
         self.ended = False
         self._fd: int | None = None
         if path is not None:
@@ -157,6 +159,18 @@ class Ledger:
             self._write({"step": step, "t": [round(x, 4) for x in t], "committed": committed})
         self._step = []
 
+    def failed(self) -> None:
+        """The attempt failed just now (an exception on its way out): a step still open
+        ends here, and the time from here to `end` (waiting for the peers' reports,
+        stopping the loader and the monitor) is the failure's `recovery`."""
+        if self._failed_at is not None:
+            return
+        self._failed_at = self._clock()
+        if self._step:
+            t = [*self._step, *[self._failed_at] * (4 - len(self._step))]
+            self._write({"step": self._open, "t": [round(x, 4) for x in t], "committed": False})
+            self._step = []
+
     @contextmanager
     def span(self, cause: str, step: int | None = None) -> Iterator[None]:
         """Time the block as `cause` (one of SPANS)."""
@@ -173,7 +187,11 @@ class Ledger:
         if self._step:
             self._step += [self._clock()] * (3 - len(self._step))
             self.close_step(self._open, committed=False)
-        self._write({"end": round(self._clock(), 4), "code": code})
+        end = self._clock()
+        if self._failed_at is not None:
+            t = [round(self._failed_at, 4), round(end, 4)]
+            self._write({"span": "recovery", "step": self._open or None, "t": t})
+        self._write({"end": round(end, 4), "code": code})
         self.ended = True
         if self._fd is not None:
             os.close(self._fd)

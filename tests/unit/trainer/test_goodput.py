@@ -169,6 +169,38 @@ def test_a_step_open_when_the_attempt_fails_counts_as_redone(tmp_path, code):
     assert s.badput_seconds["other"] == pytest.approx(2 * 0.05 + (0 if code else 4.3))
 
 
+@pytest.mark.parametrize("where", ["save", "step"])
+def test_a_failed_attempts_teardown_is_recovery(tmp_path, where):
+    """A peer lost during a save (or a step): the collective raises, then the rank
+    waits for the peer's report and stops its loader before its end record. That
+    teardown is the failure's recovery, not unexplained time; a step open at the
+    failure is redone up to the failure only."""
+    folder = str(tmp_path)
+    a, clock = _attempt(folder, 0.0)
+    _steps(a, clock, range(1, 3))
+    if where == "save":
+        with pytest.raises(RuntimeError), a.span("checkpoint_save", 2):
+            clock.advance(1.5)  # the save's collective waits for the lost peer, then breaks
+            raise RuntimeError("Connection closed by peer")
+    else:
+        a.open_step(3)
+        clock.advance(0.3)
+        a.mark()
+        a.mark()
+        clock.advance(1.5)
+    a.failed()
+    clock.advance(6.0)  # the peer's report awaited, the loader stopped
+    a.failed()  # (a second call changes nothing)
+    a.end(1)
+    s = summarize(folder)
+    bad = s.badput_seconds
+    assert bad["recovery"] == pytest.approx(2 * 0.1 + 6.0 + (0.3 if where == "step" else 0.0))
+    assert bad["checkpoint_save"] == pytest.approx(1.5 if where == "save" else 0.0)
+    assert bad["steps_redone"] == pytest.approx(1.5 if where == "step" else 0.0)
+    assert bad["other"] == pytest.approx(2 * 0.05)  # only the bookkeeping between steps
+    assert s.steps_redone == (1 if where == "step" else 0)
+
+
 def test_the_report_of_a_running_job_is_made_aside_and_ignores_the_line_being_written(tmp_path):
     """At a checkpoint goodput.json is made on a thread of its own while the run goes
     on; the attempt still running has no end yet and its last line may be half
