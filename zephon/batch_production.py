@@ -217,13 +217,15 @@ class BatchProducer:
                 counted.append(lane.last_sources)
                 if images is not None:
                     images.add_row(i * r + k, lane.last_images)
-            clock.switch(ASSEMBLE)
-            # A lane's digest as soon as its rows are in: its images are the last added.
-            digest = rows_digest(tokens[i * r : (i + 1) * r], positions[i * r : (i + 1) * r])
-            digests.append(digest if images is None else images.lane_digest(digest))
-            clock.switch(PACK)
+            if images is not None:
+                images.end_lane()
             flushes[lane.lane] = lane.take_flushes()
         clock.switch(ASSEMBLE)
+        if images is not None:
+            images.hurry()  # the step's images first, before a lane waits for one
+        for i in range(len(self.lanes)):
+            digest = rows_digest(tokens[i * r : (i + 1) * r], positions[i * r : (i + 1) * r])
+            digests.append(digest if images is None else images.lane_digest(i, digest))
         by_source = (
             np.array(counted, dtype=np.int64).reshape(n, 2, len(self.source_names)).sum(axis=0)
         )

@@ -70,14 +70,15 @@ class _Finished:
     encodings: bool
 
 
-def _take_texts(slots: list[Slot], images: Any = None) -> list[str]:
+def _take_texts(slots: list[Slot], images: Any = None, cold: bool = False) -> list[str]:
     """The slots' texts, taken out of them (the tokenizer call holds them now);
-    with `images`, their decoding starts now (images/work.py `start`)."""
+    with `images`, their decoding starts now (images/work.py `start`; `cold`:
+    before the first batch)."""
     texts = [s.text for s in slots]
     for s in slots:
         s.text = None
     if images is not None:
-        images.start(texts)
+        images.start(texts, cold)
     return texts
 
 
@@ -342,7 +343,9 @@ class DemandExecutor(LockedPlanner):
                             else:  # local reads are CPU work under the GIL: no thread gains
                                 self._read(f, parts, clock)
                         if call:
-                            self.calls.append(_Call(call, _take_texts(call, self.images)))
+                            self.calls.append(
+                                _Call(call, _take_texts(call, self.images, not self.planner.warm))
+                            )
                             self.queued.notify()
                         if call or reads:
                             continue

@@ -29,15 +29,18 @@ DIGEST_TAG = b"zephon lane images v1"
 
 
 class BatchImages:
-    """The images of one step's rows of a rank, collected in canonical order."""
+    """The images of one step's rows of a rank, collected in canonical order: every
+    lane's rows are added (`add_row`, `end_lane`), then the images still decoding
+    are hurried at once (`hurry`), then each lane's digest waits for its own."""
 
     def __init__(self, work: Any):
+        self.work = work
         self.spec = work.spec
         self.token_ids = np.array([work.ids.start, work.ids.pad, work.ids.end], dtype=np.int32)
         self.rows: list[int] = []
         self.starts: list[int] = []
         self.images: list[DocImage] = []
-        self._lane_first = 0
+        self._lane_ends: list[int] = []
 
     def add_row(self, row: int, placed: list[tuple[int, DocImage]]) -> None:
         """Row `row` of the batch holds these images (first placeholder, image)."""
@@ -46,10 +49,22 @@ class BatchImages:
             self.starts.append(start)
             self.images.append(image)
 
-    def lane_digest(self, rows_digest: bytes) -> bytes:
-        """The digest of the lane whose rows were added since the last call."""
-        mine = self.images[self._lane_first :]
-        self._lane_first = len(self.images)
+    def end_lane(self) -> None:
+        """The rows added since the last call are the next lane's."""
+        self._lane_ends.append(len(self.images))
+
+    def hurry(self) -> None:
+        """Every image of the step still decoding goes to the front of the decode
+        queue now, before any lane waits for one: otherwise the processes would
+        decode other documents' images while the step waits lane after lane."""
+        tasks = [t for im in self.images if (t := im.wanted()) is not None]
+        if tasks:
+            self.work.hurry(tasks)
+
+    def lane_digest(self, lane: int, rows_digest: bytes) -> bytes:
+        """The digest of the step's `lane`-th lane (in `end_lane` order)."""
+        first = self._lane_ends[lane - 1] if lane else 0
+        mine = self.images[first : self._lane_ends[lane]]
         if not mine:
             return rows_digest
         h = hashlib.sha256(DIGEST_TAG)

@@ -188,9 +188,9 @@ class DecodeProcesses:
                 t.daemon = True
                 t.start()
 
-    def hurry(self, future: Future[TaskResult]) -> None:
-        """A step waits on this task: if it is still queued, it goes first."""
-        self._tasks.hurry(future)
+    def hurry(self, futures: list[Future[TaskResult]]) -> None:
+        """A step needs these tasks: those still queued go first, in their order."""
+        self._tasks.hurry(futures)
 
     def submit(self, task: Task) -> Future[TaskResult]:
         future: Future[TaskResult] = Future()
@@ -317,14 +317,13 @@ class _TaskQueue:
                 raise queue.Empty
             return self._items.popleft()
 
-    def hurry(self, future: Future[TaskResult]) -> None:
+    def hurry(self, futures: list[Future[TaskResult]]) -> None:
+        wanted = {id(f) for f in futures}
         with self._ready:
-            for i, item in enumerate(self._items):
-                if item is not None and item[1] is future:
-                    if i:
-                        del self._items[i]
-                        self._items.appendleft(item)
-                    return
+            first = [x for x in self._items if x is not None and id(x[1]) in wanted]
+            if first:
+                rest = [x for x in self._items if x is None or id(x[1]) not in wanted]
+                self._items = collections.deque(first + rest)
 
 
 _pools: dict[int, DecodeProcesses] = {}

@@ -36,6 +36,11 @@ class LatePixels(Protocol):
 
     nbytes: int
 
+    def want(self) -> object | None:
+        """A step needs these pixels: returns what to hurry (their decode task), or
+        None when they are at hand; `get` follows."""
+        ...
+
     def get(self) -> tuple[np.ndarray, bytes]: ...
 
 
@@ -56,6 +61,10 @@ class DocImage:
     @property
     def nbytes(self) -> int:
         return self.patches.nbytes
+
+    def wanted(self) -> object | None:
+        """The decode task to hurry for a step that needs this image, if any (once)."""
+        return None if isinstance(self.patches, np.ndarray) else self.patches.want()
 
     def pixels(self) -> tuple[np.ndarray, bytes]:
         """(patches, digest): at hand, or waited for (the step that needs them)."""

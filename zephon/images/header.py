@@ -17,11 +17,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from PIL import Image, UnidentifiedImageError
+from PIL import JpegImagePlugin as _jpeg  # noqa: F401  (registered now: see FORMATS)
+from PIL import PngImagePlugin as _png  # noqa: F401
+from PIL import WebPImagePlugin as _webp  # noqa: F401
 
 from zephon.errors import ImageError
 
 # Only the decoders the decode canary exercises (canary.py): every byte of
-# pixels comes from a library whose build the fingerprint can name.
+# pixels comes from a library whose build the fingerprint can name. Their three
+# plugins are imported above: `Image.open(formats=FORMATS)` would otherwise import
+# every Pillow plugin (0.1-0.3 s, in each process) at its first WebP.
 FORMATS = ("JPEG", "PNG", "WEBP")
 ORIENTATION_TAG = 0x0112
 # EXIF orientations 5 to 8 swap width and height.

@@ -118,17 +118,21 @@ class ImageWork:
         # by id of the doc: (doc, its task, its place in the task's documents, its slots)
         self._started: dict[int, tuple[SizedDoc, Future[TaskResult], int, list[Slot]]] = {}
 
-    def start(self, values: list[Any]) -> None:
+    def start(self, values: list[Any], cold: bool = False) -> None:
         """Start decoding a planned call's documents in the decode processes now:
         their bytes are reserved from the moment the call is planned, and the
         processes then never idle while the call before this one finishes its
-        slowest document."""
+        slowest document. `cold`: no batch assembled yet (since the start or a
+        restore): a task per document, so that the first step's hurry moves its
+        own documents, and no other, ahead of the rest."""
         if self._pool is None:
             return
         todo = [v for v in values if _decodable(v)]
         # A few documents per task, one after another: a task per small document
         # costs more Python (pickles, pipes, wake-ups) than decoding it.
         per_task = max(1, min(MAX_DOCS_PER_TASK, len(todo) // (2 * self._decoders)))
+        if cold:
+            per_task = 1
         for at in range(0, len(todo), per_task):
             self._submit(todo[at : at + per_task])
 
@@ -179,9 +183,10 @@ class ImageWork:
         future, k, slots = self._started_task(v)
         return self._claim(v, future.result()[0][k], slots)
 
-    def hurry(self, future: Future[TaskResult]) -> None:
+    def hurry(self, futures: list[Future[TaskResult]]) -> None:
+        """These tasks go to the front of the decode queue (in their order there)."""
         assert self._pool is not None
-        self._pool.hurry(future)
+        self._pool.hurry(futures)
 
     def give_later(self, slots: list[Slot]) -> None:
         assert self.arena is not None
@@ -388,8 +393,9 @@ def _decodable(v: Any) -> bool:
 
 class _LateDoc:
     """A document's images still in a decode process. The first step whose rows
-    hold one of them takes them all (moving their task to the front of the queue
-    if it has not been sent yet); a bad image is raised then, naming its record.
+    hold one of them takes them all (having moved their task to the front of the
+    queue, with every other task of the step, if it was not sent yet); a bad image
+    is raised then, naming its record.
     Slots of a document no step ever takes (its lanes dropped by a restore) are
     freed when its task ends."""
 
@@ -403,13 +409,22 @@ class _LateDoc:
     ) -> None:
         self._work, self._sized, self._future, self._k, self._slots = work, sized, future, k, slots
         self._taken: Decoded | None = None
+        self._wanted = False  # its task was hurried
         self._lock = threading.Lock()
         self._untaken = weakref.finalize(self, _free_when_done, future, work, slots)
+
+    def want(self) -> Future[TaskResult] | None:
+        """The task to hurry for these images (once), or None."""
+        if self._wanted or self._taken is not None or self._future.done():
+            return None
+        self._wanted = True
+        return self._future
 
     def get(self, i: int) -> tuple[np.ndarray, bytes]:
         with self._lock:
             if self._taken is None:
-                self._work.hurry(self._future)
+                if (future := self.want()) is not None:
+                    self._work.hurry([future])
                 result = self._future.result()[0][self._k]
                 self._untaken.detach()
                 self._taken = self._work._claim(self._sized, result, self._slots)
@@ -426,6 +441,9 @@ class _LateImage:
 
     def __init__(self, doc: _LateDoc, i: int, nbytes: int) -> None:
         self._doc, self._i, self.nbytes = doc, i, nbytes
+
+    def want(self) -> Future[TaskResult] | None:
+        return self._doc.want()
 
     def get(self) -> tuple[np.ndarray, bytes]:
         return self._doc.get(self._i)

@@ -167,9 +167,9 @@ def test_workers_decode_images_in_processes_and_free_their_memory(tmp_path, monk
     real_start, real_submit = work.ImageWork.start, work.ImageWork._submit
     real_claim, real_prepare = work.ImageWork._claim, work.prepare_image
 
-    def start(self: Any, values: list[Any]) -> None:
+    def start(self: Any, values: list[Any], cold: bool = False) -> None:
         count["started"] += sum(map(work._decodable, values))
-        real_start(self, values)
+        real_start(self, values, cold)
 
     def submit(self: Any, chunk: list[Any]) -> None:
         submitted.extend(chunk)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -152,19 +154,21 @@ def test_the_loaders_batches_hold_views_of_what_the_processes_wrote(tmp_path, to
     assert held < sum(b - a for a, b in spans)
 
 
-def test_a_task_a_step_waits_on_goes_first():
-    """`hurry` moves a queued task to the front; one already sent, or unknown, stays."""
+def test_the_tasks_a_step_needs_go_first():
+    """`hurry` moves the queued tasks a step needs to the front, in their queue
+    order; one already sent, or unknown, changes nothing; a sender's end stays."""
     from concurrent.futures import Future
 
     from zephon.images.decode_processes import _TaskQueue
 
-    queue, futures = _TaskQueue(), [Future() for _ in range(4)]
+    queue, futures = _TaskQueue(), [Future() for _ in range(6)]
     for k, f in enumerate(futures):
         queue.put((k, f))  # (the task's place: anything)
     queue.put(None)
-    queue.hurry(futures[2])
-    queue.hurry(Future())
-    assert [queue.get()[0] for _ in range(4)] == [2, 0, 1, 3]
+    queue.hurry([futures[4], futures[2]])
+    queue.hurry([Future()])
+    queue.hurry([futures[5]])
+    assert [queue.get()[0] for _ in range(6)] == [5, 2, 4, 0, 1, 3]
     assert queue.get() is None
 
 
@@ -173,8 +177,6 @@ def test_lanes_pack_on_the_headers_while_the_processes_decode(tmp_path, tokenize
     sized from its images' headers: with both processes stopped (SIGSTOP), the
     lanes still take every document the first batch needs, and that batch, once the
     processes go on, has the digest of a loader that decodes on its own thread."""
-    import threading
-    import time
 
     ensure_sample_data()
     recipe = _captions(tmp_path)
@@ -204,3 +206,102 @@ def test_lanes_pack_on_the_headers_while_the_processes_decode(tmp_path, tokenize
     assert got and got[0] == inline[:1]
     assert step_digests([ld], 1) == inline[1:]
     ld.close()
+
+
+def test_a_step_moves_every_task_it_needs_ahead_before_it_waits(
+    tmp_path, tokenizer_path, monkeypatch
+):
+    """Before the first batch a task holds one document; when the lanes have taken
+    the step's rows, every task the step needs goes to the front of the decode
+    queue at once, before its first lane waits for pixels: no task the step does not
+    need is then queued ahead of one it needs (a lane-by-lane hurry leaves later
+    lanes' documents behind others, which the processes decode first). The
+    processes are stopped meanwhile, so the queue holds still; the batch is the
+    one a loader that decodes on its own thread gives."""
+    from zephon.images import assembly, work
+
+    ensure_sample_data()
+    recipe = _captions(tmp_path)
+    with ZephonLoader(recipe, tokenizer_path, 256, 8, num_workers=1) as ld:
+        inline = step_digests([ld], 1)
+    pool = decode_processes(2)
+    first_tasks: list = []  # the docs of each task submitted before the first batch
+    real_submit = DecodeProcesses.submit
+
+    def submit(self, task):  # noqa: ANN001, ANN202
+        first_tasks.append(len(task.docs))
+        return real_submit(self, task)
+
+    needed: list = []  # the decode tasks of the first step's images
+    real_add = assembly.BatchImages.add_row
+
+    def add_row(self, row, placed):  # noqa: ANN001, ANN202
+        if not seen:  # (the first step only)
+            late = [im.patches for _, im in placed if not isinstance(im.patches, np.ndarray)]
+            needed.extend(p._doc._future for p in late)
+        return real_add(self, row, placed)
+
+    seen: list = []  # the queue's futures, in order, when the first wait began
+    real_get = work._LateDoc.get
+
+    def get(self, i):  # noqa: ANN001, ANN202
+        if not seen:
+            with pool._tasks._ready:
+                seen.append([x[1] for x in pool._tasks._items if x is not None])
+        return real_get(self, i)
+
+    monkeypatch.setattr(DecodeProcesses, "submit", submit)
+    monkeypatch.setattr(assembly.BatchImages, "add_row", add_row)
+    monkeypatch.setattr(work._LateDoc, "get", get)
+    pids = [p.pid for p in pool._procs]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        ld = ZephonLoader(recipe, tokenizer_path, 256, 8, num_workers=2, prefetch=0)
+        got: list = []
+        first = threading.Thread(target=lambda: got.append(step_digests([ld], 1)))
+        first.start()
+        deadline = time.monotonic() + 30
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert seen, "the first step never waited for a decode"
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    first.join(timeout=60)
+    ld.close()
+    assert got == [inline]
+    queued = seen[0]
+    wanted = {id(f) for f in needed}
+    flags = [id(f) in wanted for f in queued]
+    assert sum(flags) >= 2 and not flags[-1], flags  # the step's tasks, and others behind
+    assert flags == sorted(flags, reverse=True), flags  # needed ones first, all of them
+    assert first_tasks and set(first_tasks[: len(queued)]) == {1}, first_tasks
+
+
+def test_a_call_planned_before_the_first_batch_gives_a_task_each_document(tokenizer_path):
+    """The tasks of a planned call: one document each before the first batch (so a
+    step can move exactly its own documents ahead), a few after it (fewer pickles
+    and wake-ups); the same pixels either way."""
+    from zephon.images.work import MAX_DOCS_PER_TASK, ImageWork
+    from zephon.sources.multimodal import ImageSegment, MultimodalDoc, TextSegment
+    from zephon.tokenize.tokenizer import load_tokenizer
+
+    files = [(CANARY_DIR / f).read_bytes() for f in CANARY_FILES]
+    docs = [
+        MultimodalDoc(f"doc{i}", (TextSegment("a photo"), ImageSegment(files[i % 2], f"doc{i}")))
+        for i in range(32)
+    ]
+    work = ImageWork(SPEC, load_tokenizer(tokenizer_path), decoders=2)
+    sizes: dict[bool, list[int]] = {}
+    digests: dict[bool, list[bytes]] = {}
+    for cold in (True, False):
+        values = [work.size(d) for d in docs]
+        work.start(values, cold)
+        started = [work._started[id(v)] for v in values]
+        tasks = {id(future): future for _, future, _, _ in started}
+        sizes[cold] = [sum(1 for s in started if s[1] is f) for f in tasks.values()]
+        digests[cold] = [work._take_started(v)[0][1] for v in values]
+    assert sizes[True] == [1] * 32
+    assert sizes[False] == [MAX_DOCS_PER_TASK] * 4
+    assert digests[True] == digests[False]

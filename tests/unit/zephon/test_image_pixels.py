@@ -389,3 +389,21 @@ def test_image_table_defaults_identity_and_errors(tmp_path: Path) -> None:
     ]:
         with pytest.raises(RecipeError, match=match):
             parse_recipe(_recipe(tmp_path, bad), file)
+
+
+def test_opening_the_three_formats_imports_no_other_pillow_plugin() -> None:
+    """A loader's construction opens a WebP (the decode canary): with only Pillow's
+    default plugins registered, `Image.open(formats=...)` would import all of them
+    first (0.1-0.3 s in every process that reads images). In a fresh interpreter,
+    after every canary image is opened and decoded, Pillow is still uninitialised."""
+    code = (
+        "from PIL import Image\n"
+        "from zephon.images.pixels.canary import decode_canary\n"
+        "from zephon.schema.recipe import ImageSpec\n"
+        "decode_canary(ImageSpec(patch_size=14, merge=2, min_pixels=3136, max_pixels=200704))\n"
+        "import sys\n"
+        "print(Image._initialized, 'PIL.DdsImagePlugin' in sys.modules, "
+        "'PIL.PsdImagePlugin' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "False", "False"], out.stdout + out.stderr
