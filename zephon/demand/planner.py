@@ -210,12 +210,20 @@ class NeedPlanner(Lookahead):
             # would cost as much per document as the lane's own mixing, and a lane
             # that does need a document first waits on it and is served above.
             est = ld.estimate(k, f, self.stats)
-            step = self.steps.need_step(est)
+            # Offsets count documents' tokens, steps count rows': a packer's padding
+            # puts the lane's real position (its next document) behind the step its
+            # offset maps to, more so step after step. The documents after it are
+            # needed at least that much later: without this, after enough steps every
+            # document maps to a step already produced and the budget holds none back.
+            # (One step of slack: the lane may not have taken the documents of the
+            # step being produced yet.)
+            lag = max(0, self.floor - 1 - self.steps.step_of(ld.offset))
+            step = self.steps.need_step(est) + lag
             if step > self.floor + self.horizon:
                 # Too far ahead: without this, a feed whose partner is still being
                 # read would take the whole budget for steps nobody needs yet.
                 return None
-            if step <= self.floor < self.steps.step_of(est):
+            if step <= self.floor < self.steps.step_of(est) + lag:
                 # Needed early by the packer (its held rows) but no row of the step
                 # being produced: first of the lookahead, which the budget bounds.
                 step = self.floor + 1

@@ -125,6 +125,27 @@ def test_the_step_being_produced_ignores_the_budget():
     assert planner.plan().call == []  # step 2 is not needed yet and the budget is spent
 
 
+def test_a_lane_behind_its_steps_by_padding_is_still_held_to_the_budget():
+    """A packer's padding makes the rows of a step hold fewer documents' tokens
+    than the step's row tokens, so a lane's offset falls behind the step being
+    produced a little more each step: here the lane's next document starts at
+    offset 100 (step 10 by tokens) while step 20 is being produced. Its next
+    documents are needed from about step 20 on, not at steps 10-19: only the
+    step being produced and the one before (the slack for a lane that has not
+    taken that step's documents yet) ignore the budget, and the lookahead after
+    them stays within it. (Mapping offsets to steps alone, every document up to
+    offset 200 would count as needed now, and the budget would hold none back.)"""
+    planner = planner_with([100], budget=30)
+    read_all(planner, 20)
+    planner.warm = True
+    planner.floor = 20
+    got = planned(planner)
+    # lag 20 - 1 - 10 = 9 steps: documents k = 0, 1 are steps 19 and 20 (needed),
+    # then the budget (30 tokens) allows one more step: k = 2 at step 21; k = 3 waits.
+    assert got == [(0, 0), (0, 1), (0, 2)]
+    assert planner.used == 30
+
+
 def test_lookahead_stops_at_the_horizon():
     # Two lanes: horizon 100 // (2 x 10) + 1 = 6 steps. Lane 1 has nothing to give,
     # so the budget alone would let lane 0 plan 10 steps ahead.
