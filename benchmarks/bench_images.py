@@ -40,8 +40,9 @@ b. plain loop: the same images' bytes, held in memory, through the exact
    `size_image` when read, keeping the opened image, then `prepare_image` on
    it = decode + resize + patchify) in a thread pool of `--workers` threads,
    and once on one thread (b');
-h. the plain loop and `image_digest`, the pixel hash the batch digest covers
-   (the pipeline pays it, the plain loop does not), in `--workers` threads.
+h. the plain loop and `image_digest`, the pixel hash the batch digest covers,
+   in `--workers` threads: what the pipeline paid for every image until
+   2026-12-07, and what a step's reader pays now when it reads the digests.
    (b) and (h) run right before and right after each (a), and each round's
    ratios a/b and a/h are of images/s against the mean of the two: this
    machine's speed drifts by up to a quarter within minutes, which one run
@@ -61,10 +62,11 @@ member reads, the captions' tokenizer calls, framing, planning, packing,
 assembling, hand-offs). On two cores that split, and the cores each side keeps
 busy, is what sets the ratios.
 
-Where the pixel hash is paid: the decode process that decoded the image
-hashes it (images/decode_processes.py; the worker's own thread with fewer than
-two workers), so it is part of (a)'s parallel work; (b) leaves it out, (h)
-has it.
+Where the pixel hash is paid: since 2026-12-07, by whoever reads a batch's
+digests, when it reads them (images/assembly.py `LaneDigests`); (a) reads
+none, as the trainer reads none unless it logs them. Results written before
+(no `digests_read` in a run) had it paid by the decode process that decoded
+the image, as part of (a)'s parallel work.
 
 Writes the raw results (`--json`, default docs/results/bench_images.json),
 the table beside it (.md) and, for the committed results, the figures between
@@ -323,6 +325,7 @@ def pipeline_child(
         "first_batch_s": step_s[0], "step_s": step_s, "step_images": step_images,
         "rss_before": before, "rss_peak": peak,
         "rss_growth": peak - before, "images_decoded": work.get("images_decoded", 0),
+        "digests_read": False,  # the image lanes' pixels are hashed only when read
         "lookahead_peak_bytes": work.get("lookahead_peak_bytes", 0),
         "lookahead_bytes_budget": work.get("lookahead_bytes_budget", budget),
         **({"profile": stats["profile"]} if profile else {}),
@@ -677,7 +680,7 @@ def cpu_table(r: dict[str, Any], cpus: int) -> str:
         f"CPU per delivered image (µs of thread CPU; one more run of (a), profiled: "
         f"`ZephonLoader(profile=True)`; it decoded {run['images_decoded']:,} images to deliver "
         f"{run['images']:,}): the image work its workers do (header plans when "
-        "read; decode, resize, patches and pixel hash in the decode processes) and the pipeline's own "
+        f"read; decode, resize, patches{'' if 'digests_read' in run else ' and pixel hash'} in the decode processes) and the pipeline's own "
         "(tar member reads, the captions' tokenizer calls, framing documents as id arrays, "
         "the planner, packing, assembling batches, the rest: hand-offs and loops). The plain "
         f"loop (b) spends {c['plain_us']:.0f} µs of CPU per image in "
@@ -751,8 +754,13 @@ def page(doc: dict[str, Any]) -> str:
                 + "."
                 for ref, key in (("b", "plain"), ("h", "hashed"), ("c", "conventional"))
             ),
-            f"- The pixel hash of the batch digest is paid by the decode process that decoded "
-            f"the image: {hash_share(r)}.",
+            (
+                "- The pixel hash of the batch digest: not paid by (a), which reads no digest "
+                f"(the default trainer reads none); when read, {hash_share(r)}."
+                if "digests_read" in r["profiled_run"]
+                else "- The pixel hash of the batch digest is paid by the decode process that "
+                f"decoded the image: {hash_share(r)}."
+            ),
             f"- Against one plain thread, a/b' = "
             f"{s['pipeline_images_s'] / s['plain_1_thread_images_s']:.2f}.",
             f"- Cores kept busy (process CPU s / wall s, every thread): the pipeline "

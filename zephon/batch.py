@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,9 @@ class Batch:
     global batch digest, in canonical order (lanes for Zephon). Ranks may
     contribute different numbers of units (e.g. when ranks own different
     numbers of lanes): the global digest hashes the ranks' lists concatenated
-    in rank order, whatever their lengths.
+    in rank order, whatever their lengths. With images, a lane's digest is
+    computed when first read (zephon.images.assembly.LaneDigests: SHA-256 of
+    its pixels, on the reading thread); it equals the list of its values.
     source_tokens, source_docs: int64 arrays in recipe source order (Zephon
     only; None otherwise): tokens of this batch's rows (seq_len + 1 each,
     padding excluded) that came from each source, and the documents whose
@@ -50,7 +53,7 @@ class Batch:
     input_ids: torch.Tensor
     labels: torch.Tensor
     positions: torch.Tensor
-    digests: list[bytes]
+    digests: Sequence[bytes]
     source_tokens: np.ndarray | None = None
     source_docs: np.ndarray | None = None
     source_names: tuple[str, ...] = field(default_factory=tuple)
@@ -117,7 +120,7 @@ class Batch:
 
 
 def rows_to_batch(
-    step: int, tokens: np.ndarray, positions: np.ndarray, digests: list[bytes]
+    step: int, tokens: np.ndarray, positions: np.ndarray, digests: Sequence[bytes]
 ) -> Batch:
     """Turn packed rows (seq_len + 1 tokens; position -1 marks padding) into a Batch."""
     import torch

@@ -15,14 +15,15 @@ crosses it; otherwise it stops there (BOUNDARY) until the loader is given the
 merged state of all ranks.
 
 With image sources, each step's images are collected with its rows, folded
-into the lane digests of lanes whose rows hold images, and attached to the
-batch (images/assembly.py).
+into the lane digests of lanes whose rows hold images (when those digests
+are read) and attached to the batch (images/assembly.py).
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -204,7 +205,9 @@ class BatchProducer:
             self._rows = (np.empty((n, row_len), np.int32), np.empty((n, row_len), np.int32))
         tokens, positions = self._rows
         counted: list[tuple[list[int], list[int]]] = []  # (tokens, documents) by source, per row
-        digests, flushes = [], {}
+        digests: Sequence[bytes]
+        rows_digests: list[bytes] = []
+        flushes = {}
         images = None if self.ctx.images is None else BatchImages(self.ctx.images)
         for i, lane in enumerate(self.lanes):
             for k in range(r):
@@ -224,8 +227,11 @@ class BatchProducer:
         if images is not None:
             images.hurry()  # the step's images first, before a lane waits for one
         for i in range(len(self.lanes)):
-            digest = rows_digest(tokens[i * r : (i + 1) * r], positions[i * r : (i + 1) * r])
-            digests.append(digest if images is None else images.lane_digest(i, digest))
+            rows_digests.append(
+                rows_digest(tokens[i * r : (i + 1) * r], positions[i * r : (i + 1) * r])
+            )
+        # with images: hashed when read (images/assembly.py)
+        digests = rows_digests if images is None else images.lane_digests(rows_digests)
         by_source = (
             np.array(counted, dtype=np.int64).reshape(n, 2, len(self.source_names)).sum(axis=0)
         )

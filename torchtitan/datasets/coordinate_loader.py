@@ -8,10 +8,12 @@ broadcast over the group. A receiver reads nothing, tokenizes nothing, decodes
 no image and holds no loader state or lookahead.
 
 The broadcast is generic over the batch: every tensor and numpy array found in
-it (through dataclass fields, lists, tuples and dicts, so the token rows, labels,
-positions, per-source counts and an `ImageBatch`'s patches and grids alike) is
-copied into one byte frame after the pickled rest (the step, the lane digests,
-names, the batch's own class, where each tensor lies). A field added to a batch
+it (through dataclass fields, lists, tuples, dicts and other sequences, which
+travel as lists, so the token rows, labels, positions, per-source counts and
+an `ImageBatch`'s patches and grids alike) is copied into one byte frame after
+the pickled rest (the step, the lane digests, names, the batch's own class,
+where each tensor lies). Lane digests computed when read (images) are
+therefore computed by the loading peer as it sends. A field added to a batch
 later travels without a change here. Each step costs two broadcasts over the
 group: the frame's size, then the frame.
 
@@ -32,7 +34,7 @@ import dataclasses
 import hashlib
 import pickle
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -90,6 +92,10 @@ def _strip(value: Any, tensors: list[tuple[_Slot, torch.Tensor]], end: list[int]
         return _same_sequence(value, [_strip(v, tensors, end) for v in value])
     if isinstance(value, dict):
         return {k: _strip(v, tensors, end) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes | bytearray):
+        # any other sequence travels as a list: a batch's lane digests computed when
+        # read (zephon.images.assembly.LaneDigests) are computed here, by the loading peer
+        return [_strip(v, tensors, end) for v in value]
     return value
 
 

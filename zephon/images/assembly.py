@@ -6,10 +6,16 @@ position), so concatenating the ranks' images in rank order gives the global
 batch's images in lane order, as for the rows (docs/design.md §14).
 
 - Digest: a lane whose rows of the step hold images hashes its rows' digest
-  (zephon/digest.py) together with each image's grid and the SHA-256 its
-  worker made of grid and patches, in canonical order. A lane without images
-  keeps the rows' digest itself, so every text-only recipe, and the text-only
-  lanes of a recipe with images, keep their digests exactly.
+  (zephon/digest.py) together with each image's grid and the SHA-256 of its
+  grid and patches (`image_digest`), in canonical order. A lane without
+  images keeps the rows' digest itself, so every text-only recipe, and the
+  text-only lanes of a recipe with images, keep their digests exactly.
+  Hashing every pixel costs about 5% of an image's work (0.4 ms of a
+  photograph's 9), and most steps' digests are never read (the trainer reads
+  them at logged steps with `log_batch_digests`): so the batch's digests are
+  a `LaneDigests`, whose image lanes are hashed when first read, on the
+  reading thread, from the patches the batch hands the model (they hold them
+  until then). The values are the same whenever they are computed.
 - Labels: a target that is an image token (start, placeholder, end) is
   ignored: the model reads images and never writes them; the text after an
   image is learnt from the end token's position.
@@ -18,7 +24,8 @@ batch's images in lane order, as for the rows (docs/design.md §14).
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
 
 import numpy as np
 
@@ -61,18 +68,12 @@ class BatchImages:
         if tasks:
             self.work.hurry(tasks)
 
-    def lane_digest(self, lane: int, rows_digest: bytes) -> bytes:
-        """The digest of the step's `lane`-th lane (in `end_lane` order)."""
-        first = self._lane_ends[lane - 1] if lane else 0
-        mine = self.images[first : self._lane_ends[lane]]
-        if not mine:
-            return rows_digest
-        h = hashlib.sha256(DIGEST_TAG)
-        h.update(rows_digest)
-        for image in mine:
-            h.update(np.asarray(image.grid, dtype="<i8").tobytes())
-            h.update(image.pixels()[1])  # waits for a late image's decode
-        return h.digest()
+    def lane_digests(self, rows_digests: list[bytes]) -> LaneDigests:
+        """The step's lane digests (`rows_digests`: each lane's rows, in `end_lane`
+        order), each lane with images hashed when first read."""
+        ends = self._lane_ends
+        lanes = [self.images[ends[i - 1] if i else 0 : ends[i]] for i in range(len(ends))]
+        return LaneDigests(rows_digests, lanes)
 
     def finish(self, labels: np.ndarray, tokens: np.ndarray, ignore: int) -> ImageBatch | None:
         """Set to `ignore` the labels whose targets are image tokens (`labels`: the
@@ -82,10 +83,78 @@ class BatchImages:
         if not self.images:
             return None
         return ImageBatch.from_numpy(
-            [im.pixels()[0] for im in self.images],  # views: no pixel is copied here
+            [im.pixels() for im in self.images],  # views: no pixel is copied here
             np.array([im.grid for im in self.images], dtype=np.int64),
             np.array(self.rows, dtype=np.int64),
             np.array(self.starts, dtype=np.int64),
             self.spec.patch_size,
             self.spec.merge,
         )
+
+
+def lane_digest(rows_digest: bytes, images: Sequence[DocImage]) -> bytes:
+    """A lane's digest for a step: its rows' digest alone without images, else
+    SHA-256 of the tag, the rows' digest and each image's grid and digest."""
+    if not images:
+        return rows_digest
+    h = hashlib.sha256(DIGEST_TAG)
+    h.update(rows_digest)
+    for image in images:
+        h.update(np.asarray(image.grid, dtype="<i8").tobytes())
+        h.update(image.digest())  # waits for a late image's decode
+    return h.digest()
+
+
+class LaneDigests(Sequence[bytes]):
+    """A step's lane digests, a lane with images computed when first read (module
+    notes); it holds that lane's images until then. Compares equal to the list of
+    its values, and pickles and copies as that list."""
+
+    def __init__(self, rows_digests: list[bytes], images: list[list[DocImage]]):
+        pairs = zip(rows_digests, images, strict=True)
+        self._values: list[bytes | None] = [None if im else d for d, im in pairs]
+        self._rows = rows_digests
+        self._images: list[list[DocImage] | None] = [im or None for im in images]
+
+    def _value(self, i: int) -> bytes:
+        value = self._values[i]
+        if value is None:
+            images = self._images[i]
+            assert images is not None
+            value = self._values[i] = lane_digest(self._rows[i], images)
+            self._images[i] = None  # the patches may go with the batch now
+        return value
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    @overload
+    def __getitem__(self, i: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[bytes]: ...
+
+    def __getitem__(self, i: int | slice) -> bytes | list[bytes]:
+        if isinstance(i, slice):
+            return [self._value(k) for k in range(len(self._values))[i]]
+        return self._value(range(len(self._values))[i])  # (negative indices; IndexError)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return (self._value(k) for k in range(len(self._values)))
+
+    def pending(self) -> int:
+        """Lanes whose digest is not computed yet."""
+        return sum(v is None for v in self._values)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LaneDigests | list):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  (mutable cache, compared by value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (list, (list(self),))
+
+    def __repr__(self) -> str:
+        return f"LaneDigests({len(self)} lanes, {self.pending()} not computed yet)"

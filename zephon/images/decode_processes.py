@@ -1,5 +1,5 @@
-"""Image work in processes of its own: decode, resize, patches and pixel hash where
-the loader's Python cannot hold them up.
+"""Image work in processes of its own: decode, resize and patches where the loader's
+Python cannot hold them up.
 
 Pillow releases the GIL while it decodes and resizes, but everything around
 it (opening the header, the numpy calls, returning to Python between chunks)
@@ -61,14 +61,13 @@ class Task:
     live: frozenset[str]  # the arena's segments now (others may be unmapped)
 
 
-# Per document: (grid, num_tokens, digest) per image, or its first bad image's error.
-DocResult = list[tuple[tuple[int, int], int, bytes]] | ImageError
+# Per document: (grid, num_tokens) per image, or its first bad image's error.
+DocResult = list[tuple[tuple[int, int], int]] | ImageError
 TaskResult = tuple[list[DocResult], int]  # and the CPU ns the process spent on the task
 
 
 def decode_task(task: Task, views: SegmentViews) -> TaskResult:
     """Every image of every document of the task into its slot (in a decode process)."""
-    from zephon.images.documents import image_digest
     from zephon.images.prepare import prepare_image
 
     cpu0 = time.process_time_ns()
@@ -82,7 +81,7 @@ def decode_task(task: Task, views: SegmentViews) -> TaskResult:
             except ImageError as exc:
                 images = exc
                 break
-            images.append((p.grid, p.num_tokens, image_digest(p.grid, p.patches)))
+            images.append((p.grid, p.num_tokens))
         out.append(images)
     return out, time.process_time_ns() - cpu0
 

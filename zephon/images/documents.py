@@ -32,7 +32,7 @@ from zephon.errors import DataError, ImageError
 
 class LatePixels(Protocol):
     """An image's patches still being decoded (images/work.py): their size is known
-    from the header; `get` waits for (patches, digest), or raises the ImageError."""
+    from the header; `get` waits for the patches, or raises the ImageError."""
 
     nbytes: int
 
@@ -41,7 +41,7 @@ class LatePixels(Protocol):
         None when they are at hand; `get` follows."""
         ...
 
-    def get(self) -> tuple[np.ndarray, bytes]: ...
+    def get(self) -> np.ndarray: ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,7 +50,6 @@ class DocImage:
     num_tokens: int  # placeholders: num_patches / merge²
     grid: tuple[int, int]  # (h_patches, w_patches)
     patches: np.ndarray | LatePixels  # [num_patches, 3 * p * p] uint8, or still decoding
-    digest: bytes  # SHA-256 of the grid and the patches (image_digest); b"" while late
     name: str  # the record, for error messages
 
     @property
@@ -66,14 +65,19 @@ class DocImage:
         """The decode task to hurry for a step that needs this image, if any (once)."""
         return None if isinstance(self.patches, np.ndarray) else self.patches.want()
 
-    def pixels(self) -> tuple[np.ndarray, bytes]:
-        """(patches, digest): at hand, or waited for (the step that needs them)."""
+    def pixels(self) -> np.ndarray:
+        """The patches: at hand, or waited for (the step that needs them)."""
         if isinstance(self.patches, np.ndarray):
-            return self.patches, self.digest
+            return self.patches
         return self.patches.get()
 
+    def digest(self) -> bytes:
+        """image_digest of the patches (waited for if late): SHA-256 of every pixel,
+        computed when a batch's digest is read, not when decoded (images/assembly.py)."""
+        return image_digest(self.grid, self.pixels())
+
     def moved(self, offset: int) -> DocImage:
-        return DocImage(offset, self.num_tokens, self.grid, self.patches, self.digest, self.name)
+        return DocImage(offset, self.num_tokens, self.grid, self.patches, self.name)
 
 
 def image_digest(grid: tuple[int, int], patches: np.ndarray) -> bytes:

@@ -9,8 +9,9 @@ lane, in two stateless steps (docs/design.md §14):
   bytes it will hold (`SizedDoc.cost`);
 - when tokenized (`ImageWork.encode`): text segments through the tokenizer
   (one call for all of a call's documents), images decoded, resized and cut
-  into patches (zephon/images/prepare.py), each hashed by whoever decoded
-  it, and the document framed as one id array (images/documents.py).
+  into patches (zephon/images/prepare.py; not hashed: a batch's digests are
+  computed when read, images/assembly.py), and the document framed as one id
+  array (images/documents.py).
   With two or more workers the call's documents are decoded by that many
   decode processes (images/decode_processes.py), which write the patches
   into shared memory (images/shared_patches.py): started when the call is
@@ -53,7 +54,7 @@ import numpy as np
 
 from zephon.errors import ImageError
 from zephon.images.decode_processes import DocResult, Task, TaskResult, decode_processes
-from zephon.images.documents import DocImage, ImageDoc, ImageDocIds, bad_document, image_digest
+from zephon.images.documents import DocImage, ImageDoc, ImageDocIds, bad_document
 from zephon.images.prepare import ImagePatches, ImageSizing, prepare_image, size_image
 from zephon.images.shared_patches import PatchArena, Slot
 from zephon.images.tokens import ImageTokenIds, image_token_ids
@@ -88,8 +89,8 @@ class SizedDoc:
         return tokens, self.patch_bytes, self.peak_bytes
 
 
-# A document's images decoded and hashed, in order, or the first bad one's error.
-Decoded = list[tuple[ImagePatches, bytes]] | ImageError
+# A document's images decoded, in order, or the first bad one's error.
+Decoded = list[ImagePatches] | ImageError
 MAX_DOCS_PER_TASK = 8  # documents a pool task decodes, one after another
 
 
@@ -202,9 +203,9 @@ class ImageWork:
             return result
         width = self.spec.patch_size * self.spec.patch_size * 3
         out = []
-        for (grid, num_tokens, digest), slot, seg in zip(result, slots, _images_of(v), strict=True):
+        for (grid, num_tokens), slot, seg in zip(result, slots, _images_of(v), strict=True):
             patches = self.arena.view(slot).reshape(-1, width)
-            out.append((ImagePatches(seg.name, patches, tuple(grid), num_tokens), digest))
+            out.append(ImagePatches(seg.name, patches, tuple(grid), num_tokens))
         return out
 
     def close(self) -> None:
@@ -279,8 +280,8 @@ class ImageWork:
         return _LateDoc(self, v, *self._started_task(v))
 
     def _decode(self, sized: SizedDoc) -> Decoded:
-        """A document's images on this thread, one after another: patches and hash,
-        or the first error."""
+        """A document's images on this thread, one after another: their patches, or
+        the first error."""
         doc = sized.value
         assert isinstance(doc, MultimodalDoc)
         clock = self.profile.here("zephon-decode") if self.profile is not None else NULL_CLOCK
@@ -295,7 +296,7 @@ class ImageWork:
                     patches = prepare_image(seg.data, seg.name, self.spec, next(sizings))
                 except ImageError as exc:
                     return exc
-                out.append((patches, image_digest(patches.grid, patches.patches)))
+                out.append(patches)
             return out
         finally:
             clock.switch(left)
@@ -314,13 +315,11 @@ class ImageWork:
                 raise images
             if isinstance(images, _LateDoc):  # sized from the headers, pixels to come
                 late = [
-                    (s.num_tokens, s.grid, _LateImage(images, i, s.patch_bytes), b"")
+                    (s.num_tokens, s.grid, _LateImage(images, i, s.patch_bytes))
                     for i, s in enumerate(sized.sizings)
                 ]
                 return self._frame(doc, texts, late)
-            return self._frame(
-                doc, texts, [(p.num_tokens, p.grid, p.patches, d) for p, d in images]
-            )
+            return self._frame(doc, texts, [(p.num_tokens, p.grid, p.patches) for p in images])
         except ImageError as exc:
             if isinstance(reader, DroppingReader):
                 reader.drop(doc_id, exc)
@@ -331,7 +330,7 @@ class ImageWork:
         self, doc: MultimodalDoc, texts: list[list[int]], decoded: list[tuple[Any, ...]]
     ) -> ImageDocIds:
         """The document's ids (BOS, segments in order, EOS) and its images: per image
-        (placeholder tokens, grid, patches or LatePixels, digest)."""
+        (placeholder tokens, grid, patches or LatePixels)."""
         ids = self.ids
         pending = iter(decoded)
         pieces: list[Any] = []  # per segment: its text's ids, or (image, its block's length)
@@ -353,12 +352,12 @@ class ImageWork:
         images: list[DocImage] = []
         for piece in pieces:
             if isinstance(piece, tuple):
-                (num_tokens, grid, patches, digest), name = piece
+                (num_tokens, grid, patches), name = piece
                 end = at + num_tokens + 2
                 flat[at] = ids.start
                 flat[at + 1 : end - 1] = ids.pad
                 flat[end - 1] = ids.end
-                images.append(DocImage(at, num_tokens, tuple(grid), patches, digest, name))
+                images.append(DocImage(at, num_tokens, tuple(grid), patches, name))
             else:
                 end = at + len(piece)
                 flat[at:end] = piece
@@ -420,7 +419,7 @@ class _LateDoc:
         self._wanted = True
         return self._future
 
-    def get(self, i: int) -> tuple[np.ndarray, bytes]:
+    def get(self, i: int) -> np.ndarray:
         with self._lock:
             if self._taken is None:
                 if (future := self.want()) is not None:
@@ -430,8 +429,7 @@ class _LateDoc:
                 self._taken = self._work._claim(self._sized, result, self._slots)
         if isinstance(self._taken, ImageError):
             raise self._taken
-        patches, digest = self._taken[i]
-        return patches.patches, digest
+        return self._taken[i].patches
 
 
 class _LateImage:
@@ -445,7 +443,7 @@ class _LateImage:
     def want(self) -> Future[TaskResult] | None:
         return self._doc.want()
 
-    def get(self) -> tuple[np.ndarray, bytes]:
+    def get(self) -> np.ndarray:
         return self._doc.get(self._i)
 
 

@@ -471,7 +471,7 @@ def _document(parts: list[Any]) -> Any:
         if isinstance(p, tuple):
             grid = (2, 2 * p[0])
             patches = np.zeros((4 * p[0], 12), dtype=np.uint8)
-            images.append(DocImage(at, p[0], grid, patches, b"x" * 32, f"img@{at}"))
+            images.append(DocImage(at, p[0], grid, patches, f"img@{at}"))
         ids += range(1000 + at, 1000 + at + n)
         at += n
     return ImageDocIds.make(np.array(ids), ImageDoc(tuple(images)))

@@ -50,7 +50,7 @@ def _captions(folder: Path) -> Path:
     return recipe
 
 
-def test_the_canary_images_decode_to_the_same_patches_and_digests_in_a_process():
+def test_the_canary_images_decode_to_the_same_patches_in_a_process():
     """Every kind the pixel definition covers (baseline and progressive JPEG, a
     palette PNG with alpha, a WebP with alpha, an EXIF-rotated JPEG)."""
     files = [(CANARY_DIR / f).read_bytes() for f in CANARY_FILES]
@@ -62,11 +62,10 @@ def test_the_canary_images_decode_to_the_same_patches_and_digests_in_a_process()
         assert cpu_ns > 0
         for data, name, result, (slot,) in zip(files, CANARY_FILES, results, slots, strict=True):
             here = prepare_image(data, name, SPEC)
-            ((grid, tokens, digest),) = result
+            ((grid, tokens),) = result  # no digest: a batch's is computed when read
             written = arena.view(slot).reshape(here.patches.shape)
             assert (tuple(grid), tokens) == (here.grid, here.num_tokens)
             assert np.array_equal(written, here.patches)
-            assert digest == image_digest(here.grid, here.patches)
     finally:
         arena.close()
 
@@ -103,7 +102,7 @@ def test_a_killed_decode_process_fails_the_call_saying_so_and_the_next_pool_work
         assert fresh is not pool and fresh.broken is None
         assert fresh._procs[0].pid != pool._procs[0].pid
         results, _, _ = _decode(fresh, arena, [[(data, "a")]])
-        ((grid, tokens, _),) = results[0]
+        ((grid, tokens),) = results[0]
         here = prepare_image(data, "a", SPEC)
         assert (tuple(grid), tokens) == (here.grid, here.num_tokens)
         assert decode_processes(1) is fresh  # a working pool is kept
@@ -152,6 +151,33 @@ def test_the_loaders_batches_hold_views_of_what_the_processes_wrote(tmp_path, to
         gc.collect()
         held = arena.used_bytes()  # only what the lookahead decoded ahead
     assert held < sum(b - a for a, b in spans)
+
+
+def test_a_batchs_image_lanes_are_hashed_when_read_from_the_pixels_it_holds(
+    tmp_path, tokenizer_path
+):
+    """No pixel is hashed to make a batch: each image lane's digest is computed when
+    first read, from the patches the batch holds, even after later batches reused
+    the shared memory of the ones dropped; the values are the inline loader's."""
+    ensure_sample_data()
+    recipe = _captions(tmp_path)
+    with ZephonLoader(recipe, tokenizer_path, 256, 8, num_workers=1) as ld:
+        inline = [list(ld.next_batch().digests) for _ in range(8)]
+    with ZephonLoader(recipe, tokenizer_path, 256, 8, num_workers=2) as ld:
+        kept = []
+        for step in range(8):
+            batch = ld.next_batch()
+            assert batch.images is not None
+            per_lane = batch.num_rows // len(batch.digests)
+            with_images = len(set((batch.images.rows // per_lane).tolist()))
+            assert batch.digests.pending() == with_images > 0  # nothing hashed yet
+            if step % 2 == 0:
+                kept.append((step, batch))  # the others are dropped: their slots reused
+            del batch
+            gc.collect()
+        for step, batch in reversed(kept):
+            assert list(batch.digests) == inline[step]
+            assert batch.digests.pending() == 0
 
 
 def test_the_tasks_a_step_needs_go_first():
@@ -301,7 +327,9 @@ def test_a_call_planned_before_the_first_batch_gives_a_task_each_document(tokeni
         started = [work._started[id(v)] for v in values]
         tasks = {id(future): future for _, future, _, _ in started}
         sizes[cold] = [sum(1 for s in started if s[1] is f) for f in tasks.values()]
-        digests[cold] = [work._take_started(v)[0][1] for v in values]
+        digests[cold] = [
+            image_digest(p.grid, p.patches) for v in values for p in work._take_started(v)
+        ]
     assert sizes[True] == [1] * 32
     assert sizes[False] == [MAX_DOCS_PER_TASK] * 4
     assert digests[True] == digests[False]

@@ -64,3 +64,36 @@ def test_image_digest_hashes_int64_and_uint8_whatever_the_input_type():
     assert image_digest(np.array([2, 4], dtype=np.int32), PATCHES) == want
     assert image_digest((2, 4), PATCHES.astype(np.int64)) == want
     assert image_digest((2, 4), np.asfortranarray(PATCHES)) == want
+
+
+def test_a_lane_digest_with_images_chains_the_tag_rows_grids_and_image_digests():
+    from zephon.images.assembly import DIGEST_TAG, LaneDigests, lane_digest
+    from zephon.images.documents import DocImage
+
+    images = [DocImage(1, 2, (2, 4), PATCHES, "a"), DocImage(9, 2, (4, 2), PATCHES, "b")]
+    grids = [np.array(g, dtype="<i8").tobytes() for g in ((2, 4), (4, 2))]
+    want = hashlib.sha256(
+        DIGEST_TAG + ROWS + grids[0] + image_digest((2, 4), PATCHES)
+        + grids[1] + image_digest((4, 2), PATCHES)
+    ).digest()  # fmt: skip
+    assert lane_digest(ROWS, images) == want
+    assert lane_digest(ROWS, []) == ROWS  # a lane without images: its rows' digest
+    lazy = LaneDigests([ROWS, ROWS, ROWS], [[], images, []])
+    assert lazy.pending() == 1  # hashed only when read
+    assert lazy[2] == ROWS and lazy.pending() == 1
+    assert lazy[-2] == want and lazy.pending() == 0
+    assert lazy == [ROWS, want, ROWS] and lazy[1:] == [want, ROWS] and len(lazy) == 3
+
+
+def test_lane_digests_pickle_and_gather_as_the_list_of_their_values():
+    import pickle
+
+    from zephon.images.assembly import LaneDigests
+    from zephon.images.documents import DocImage
+
+    lazy = LaneDigests([ROWS, ROWS], [[DocImage(1, 2, (2, 4), PATCHES, "a")], []])
+    copied = pickle.loads(pickle.dumps(lazy))
+    assert type(copied) is list and copied == list(lazy) and lazy.pending() == 0
+    assert global_batch_digest(lazy) == global_batch_digest(copied)
+    with pytest.raises(IndexError):
+        lazy[2]

@@ -151,7 +151,7 @@ def image_doc(parts: list[Any], first: int = 0) -> Any:
         if isinstance(p, tuple):
             grid = (2, 2 * p[0])
             patches = np.zeros((4 * p[0], 12), dtype=np.uint8)
-            images.append(DocImage(at, p[0], grid, patches, b"x" * 32, f"img@{at}"))
+            images.append(DocImage(at, p[0], grid, patches, f"img@{at}"))
         at += p[0] + 2 if isinstance(p, tuple) else p
     return ImageDocIds.make(np.arange(first, first + at), ImageDoc(tuple(images)))
 
