@@ -32,7 +32,7 @@ from zephon.batch import IGNORE_INDEX, Batch, rows_to_batch
 from zephon.demand.stats import DOC_COUNTS, TOKEN_COUNTS
 from zephon.digest import rows_digest
 from zephon.errors import StateError
-from zephon.images.assembly import BatchImages
+from zephon.images.assembly import BatchImages, LaneDigests
 from zephon.recipe.phases import PhaseTimeline, Segment
 from zephon.stage_profile import ASSEMBLE, NULL_CLOCK, OTHER, PACK, Clock, current
 from zephon.state.flush_log import FlushPoint
@@ -265,6 +265,12 @@ class BatchProducer:
 
     def _put(self, item: Any) -> bool:
         clock = current()
+        if self._queue.full() and type(item) is tuple and type(item[0].digests) is LaneDigests:
+            # The trainer is behind: hash the batch's image lanes while waiting for it,
+            # not on its thread when it reads them (a log step); else they wait for a read.
+            left = clock.switch(ASSEMBLE)
+            item[0].digests.compute()
+            clock.switch(left)
         begun = clock.wait_begin()
         try:
             while not self._stop.is_set():

@@ -15,7 +15,9 @@ batch's images in lane order, as for the rows (docs/design.md §14).
   them at logged steps with `log_batch_digests`): so the batch's digests are
   a `LaneDigests`, whose image lanes are hashed when first read, on the
   reading thread, from the patches the batch hands the model (they hold them
-  until then). The values are the same whenever they are computed.
+  until then), unless the producer, ahead of the trainer, hashed them while it
+  waited for the trainer to take the batch (production.py). The values are
+  the same whenever they are computed.
 - Labels: a target that is an image token (start, placeholder, end) is
   ignored: the model reads images and never writes them; the text after an
   image is learnt from the end token's position.
@@ -141,6 +143,11 @@ class LaneDigests(Sequence[bytes]):
 
     def __iter__(self) -> Iterator[bytes]:
         return (self._value(k) for k in range(len(self._values)))
+
+    def compute(self) -> None:
+        """Every lane's digest now (the producer, while it waits for the trainer)."""
+        for k in range(len(self._values)):
+            self._value(k)
 
     def pending(self) -> int:
         """Lanes whose digest is not computed yet."""

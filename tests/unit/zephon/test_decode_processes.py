@@ -163,7 +163,8 @@ def test_a_batchs_image_lanes_are_hashed_when_read_from_the_pixels_it_holds(
     recipe = _captions(tmp_path)
     with ZephonLoader(recipe, tokenizer_path, 256, 8, num_workers=1) as ld:
         inline = [list(ld.next_batch().digests) for _ in range(8)]
-    with ZephonLoader(recipe, tokenizer_path, 256, 8, num_workers=2) as ld:
+    # (no prefetch: a producer ahead of its reader hashes while it waits)
+    with ZephonLoader(recipe, tokenizer_path, 256, 8, num_workers=2, prefetch=0) as ld:
         kept = []
         for step in range(8):
             batch = ld.next_batch()
@@ -178,6 +179,28 @@ def test_a_batchs_image_lanes_are_hashed_when_read_from_the_pixels_it_holds(
         for step, batch in reversed(kept):
             assert list(batch.digests) == inline[step]
             assert batch.digests.pending() == 0
+
+
+def test_a_producer_ahead_of_its_reader_hashes_the_image_lanes_while_it_waits(
+    tmp_path, tokenizer_path
+):
+    """With its prefetch queue full, the producer computes a batch's image lane
+    digests before it hands the batch over, off the reader's thread."""
+    ensure_sample_data()
+    recipe = _captions(tmp_path)
+    with ZephonLoader(recipe, tokenizer_path, 256, 8, num_workers=1) as ld:
+        inline = [list(ld.next_batch().digests) for _ in range(5)]
+    with ZephonLoader(recipe, tokenizer_path, 256, 8, num_workers=2, prefetch=1) as ld:
+        ld.next_batch()
+        for step in range(1, 5):
+            deadline = time.monotonic() + 30
+            while not ld._producer._queue.full() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.5)  # the producer has made the next batch and waits with it
+            batch = ld.next_batch()
+            if step > 1:  # (step 1 may have gone into an empty queue)
+                assert batch.digests.pending() == 0, step
+            assert list(batch.digests) == inline[step]
 
 
 def test_the_tasks_a_step_needs_go_first():
