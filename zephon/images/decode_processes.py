@@ -149,6 +149,10 @@ DEPTH = 2
 # and up to 64 MiB of it kept free for the next image
 # (benchmarks/bench_image_work.py).
 MALLOC_SETTINGS = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
+# A decode process does no linear algebra, but importing numpy starts OpenBLAS's
+# thread pool, one thread a core: 0.29 s of CPU to start a process against 0.18
+# with one thread (hand-timed), taken from the cores while the first batch waits.
+THREAD_SETTINGS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 class DecodeProcesses:
@@ -165,7 +169,7 @@ class DecodeProcesses:
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])  # where `zephon` is importable from
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        for name, value in MALLOC_SETTINGS.items():
+        for name, value in {**MALLOC_SETTINGS, **THREAD_SETTINGS}.items():
             env.setdefault(name, value)  # the user's own settings win
         for i in range(count):
             proc = subprocess.Popen(

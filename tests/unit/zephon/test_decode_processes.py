@@ -111,17 +111,23 @@ def test_a_killed_decode_process_fails_the_call_saying_so_and_the_next_pool_work
         arena.close()
 
 
-def test_decode_processes_keep_freed_buffers_for_the_next_image(monkeypatch):
+def test_decode_processes_keep_freed_buffers_and_start_no_thread_pool(monkeypatch):
     """glibc's malloc settings in each decode process's environment (the user's own win):
-    freed image buffers stay in the process instead of coming back as fresh pages."""
+    freed image buffers stay in the process instead of coming back as fresh pages; and
+    numpy's import starts no BLAS threads in it (one thread, after a decode)."""
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "12345")
     pool = DecodeProcesses(1)
+    arena = PatchArena()
     try:
         environ = Path(f"/proc/{pool._procs[0].pid}/environ").read_bytes().split(b"\0")
         assert b"MALLOC_MMAP_THRESHOLD_=%d" % (32 << 20) in environ
         assert b"MALLOC_TRIM_THRESHOLD_=12345" in environ
+        data = (CANARY_DIR / CANARY_FILES[0]).read_bytes()
+        _decode(pool, arena, [[(data, "a")]])
+        assert os.listdir(f"/proc/{pool._procs[0].pid}/task") == [str(pool._procs[0].pid)]
     finally:
         pool.close()
+        arena.close()
 
 
 def test_the_loaders_batches_hold_views_of_what_the_processes_wrote(tmp_path, tokenizer_path):
