@@ -183,8 +183,9 @@ def bench_images_rows(doc: dict[str, Any]) -> str:
     """Start to end at the rows a rank gets: the medians over rounds, per row count."""
 
     def med(rounds: list[dict[str, Any]], ref: str) -> float:
-        return statistics.median(
-            r["pipeline"]["images"] / r["pipeline"]["wall_s"] / _rate(r, ref) for r in rounds
+        return statistics.median(  # each round's ratio to 3 places, as its page rounds it
+            round(r["pipeline"]["images"] / r["pipeline"]["wall_s"] / _rate(r, ref), 3)
+            for r in rounds
         )
 
     parts = [
