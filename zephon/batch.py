@@ -29,7 +29,8 @@ class Batch:
     numbers of lanes): the global digest hashes the ranks' lists concatenated
     in rank order, whatever their lengths. With images, a lane's digest is
     computed when first read (zephon.images.assembly.LaneDigests: SHA-256 of
-    its pixels, on the reading thread); it equals the list of its values.
+    its pixels, on the reading thread, or by the producer while it waits for
+    the trainer); it equals the list of its values.
     source_tokens, source_docs: int64 arrays in recipe source order (Zephon
     only; None otherwise): tokens of this batch's rows (seq_len + 1 each,
     padding excluded) that came from each source, and the documents whose

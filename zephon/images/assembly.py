@@ -122,7 +122,10 @@ class LaneDigests(Sequence[bytes]):
         value = self._values[i]
         if value is None:
             images = self._images[i]
-            assert images is not None
+            if images is None:  # another thread computed it meanwhile (value first)
+                value = self._values[i]
+                assert value is not None
+                return value
             value = self._values[i] = lane_digest(self._rows[i], images)
             self._images[i] = None  # the patches may go with the batch now
         return value
