@@ -119,11 +119,12 @@ def test_decode_processes_keep_freed_buffers_and_start_no_thread_pool(monkeypatc
     pool = DecodeProcesses(1)
     arena = PatchArena()
     try:
+        data = (CANARY_DIR / CANARY_FILES[0]).read_bytes()
+        _decode(pool, arena, [[(data, "a")]])  # (read before, a process still in its exec
+        # can show an empty environment)
         environ = Path(f"/proc/{pool._procs[0].pid}/environ").read_bytes().split(b"\0")
         assert b"MALLOC_MMAP_THRESHOLD_=%d" % (32 << 20) in environ
         assert b"MALLOC_TRIM_THRESHOLD_=12345" in environ
-        data = (CANARY_DIR / CANARY_FILES[0]).read_bytes()
-        _decode(pool, arena, [[(data, "a")]])
         assert os.listdir(f"/proc/{pool._procs[0].pid}/task") == [str(pool._procs[0].pid)]
     finally:
         pool.close()
