@@ -232,6 +232,11 @@ class BatchProducer:
             )
         # with images: hashed when read (images/assembly.py)
         digests = rows_digests if images is None else images.lane_digests(rows_digests)
+        if images is not None:
+            # The step's pixels before the planner turns warm below: until the first
+            # batch it plans only the documents that batch needs, so the loader's
+            # reading and planning leave the cores to its decoding.
+            images.wait()
         by_source = (
             np.array(counted, dtype=np.int64).reshape(n, 2, len(self.source_names)).sum(axis=0)
         )

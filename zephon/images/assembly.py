@@ -70,6 +70,11 @@ class BatchImages:
         if tasks:
             self.work.hurry(tasks)
 
+    def wait(self) -> None:
+        """Every image of the step decoded (a bad one raised), in canonical order."""
+        for image in self.images:
+            image.pixels()
+
     def lane_digests(self, rows_digests: list[bytes]) -> LaneDigests:
         """The step's lane digests (`rows_digests`: each lane's rows, in `end_lane`
         order), each lane with images hashed when first read."""
