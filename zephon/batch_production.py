@@ -16,7 +16,11 @@ merged state of all ranks.
 
 With image sources, each step's images are collected with its rows, folded
 into the lane digests of lanes whose rows hold images (when those digests
-are read) and attached to the batch (images/assembly.py).
+are read) and attached to the batch (images/assembly.py). With decode
+processes, once the first batch is out, the next step's rows are taken before
+a step waits for its pixels, so that its decode tasks queue right behind this
+step's (`produce`); never across a segment's end, and nothing it meets (an
+error, the end of the data) reaches the trainer before that step is asked for.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -48,6 +53,42 @@ BOUNDARY = object()  # a lane-count change this rank cannot cross alone
 # new lanes' starting points and the lane-count changes to keep.
 Entered = tuple[dict[int, FlushPoint], dict[str, list[Record]]]
 Produced = tuple[Batch, dict[int, list[FlushPoint]], Entered | None]
+
+
+@dataclass(frozen=True, eq=False)
+class _Packed:
+    """A step's rows as the lanes gave them, its pixels perhaps still decoding."""
+
+    step: int
+    phase: str
+    rows_per_lane: int
+    tokens: np.ndarray
+    positions: np.ndarray
+    counted: list[tuple[list[int], list[int]]]  # (tokens, documents) by source, per row
+    flushes: dict[int, list[FlushPoint]]
+    images: BatchImages | None
+
+
+@dataclass(frozen=True, eq=False)
+class _Failed:
+    """Packing a step ahead raised this: raised when that step is asked for."""
+
+    error: BaseException
+
+
+_ENDED = object()  # packing a step ahead found the data's end
+
+
+def _row_buffers(n: int, row_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens and positions of a step's `n` rows."""
+    return np.empty((n, row_len), np.int32), np.empty((n, row_len), np.int32)
+
+
+def _first_batch_counts(stats: dict[str, Any], positions: np.ndarray) -> dict[str, int]:
+    """The work done when a first batch was assembled, and its rows' tokens."""
+    keys = ("docs_tokenized", "tokens_tokenized", "docs_pretokenized", "tokens_pretokenized",
+            "docs_read", "image_docs", "image_tokens", "images_framed", "images_decoded")  # fmt: skip
+    return {**{k: stats[k] for k in keys}, "row_tokens": int((positions >= 0).sum())}
 
 
 class BatchProducer:
@@ -84,7 +125,10 @@ class BatchProducer:
         self._warm = False
         self._entered: Entered | None = None
         self.produced_step = step
-        self._rows: tuple[np.ndarray, np.ndarray] | None = None
+        self.packed_step = step  # the next step whose rows the lanes give
+        self._ahead: Any = None  # the step packed ahead (_Packed, _Failed, _ENDED)
+        self._decodes_ahead = ctx.images is not None and ctx.images.in_processes
+        self._rows: list[tuple[np.ndarray, np.ndarray] | None] = [None, None]
         self.replay = {"rows": 0, "docs_packed": 0, "docs_tokenized": 0, "tokens_tokenized": 0}
         self.first_batch: dict[str, int] | None = None
         self._thread: threading.Thread | None = None
@@ -186,27 +230,58 @@ class BatchProducer:
 
     def produce(self) -> Produced | object | None:
         """Assemble the next step from every lane, in lane order; None at the end,
+        BOUNDARY at a lane-count change it cannot cross.
+
+        With decode processes, once warm, the step after this one takes its rows
+        from the lanes before this one waits for its pixels: its decode tasks then
+        queue right behind this step's (`_pack`), so the processes go from one
+        step's images to the next's in the order the steps need them, instead of
+        decoding documents the lanes will only place later while the next step
+        packs. A failure or the end of the data met doing so is handed on at the
+        next call, as it would have been met then."""
+        packed, self._ahead = (self._ahead if self._ahead is not None else self._pack()), None
+        if isinstance(packed, _Failed):
+            raise packed.error
+        if packed is _ENDED:
+            return None
+        if not isinstance(packed, _Packed):
+            return packed  # the end of the data, or BOUNDARY
+        if self._warm and self._decodes_ahead and not self._ends_segment(packed.step + 1):
+            try:
+                self._ahead = self._pack()
+            except BaseException as exc:  # raised when that step is asked for
+                self._ahead = _Failed(exc)
+            if self._ahead is None:
+                self._ahead = _ENDED
+        return self._finish(packed)
+
+    def _ends_segment(self, step: int) -> bool:
+        """`step` belongs to the next segment (its lanes are built when it is packed)."""
+        return self.segment.end_step is not None and step >= self.segment.end_step
+
+    def _pack(self) -> _Packed | object | None:
+        """The next step's rows from every lane, in lane order, its images' decode
+        tasks moved ahead of every task not hurried before them; None at the end,
         BOUNDARY at a lane-count change it cannot cross."""
-        seg = self.segment
-        if seg.end_step is not None and self.produced_step >= seg.end_step:
+        if self._ends_segment(self.packed_step):
             if not self._cross():
                 return BOUNDARY
-            seg = self.segment
-        phase = seg.phase_of(self.produced_step)
+        seg = self.segment
+        step = self.packed_step
+        phase = seg.phase_of(step)
         r, row_len = phase.rows_per_lane, seg.row_len
         n = len(self.lanes) * r
-        scheduler = self.ctx.scheduler
-        scheduler.set_floor(self.produced_step)
+        self.ctx.scheduler.set_floor(step)
         clock = current()
         left = clock.switch(PACK)
-        # The step's rows, in buffers kept from step to step: the batch tensors are
+        # The step's rows, in buffers kept from step to step (two: one step may be
+        # packed while the one before it waits for pixels): the batch tensors are
         # copies, and fresh memory costs a page fault per 4 KiB.
-        if self._rows is None or self._rows[0].shape != (n, row_len):
-            self._rows = (np.empty((n, row_len), np.int32), np.empty((n, row_len), np.int32))
-        tokens, positions = self._rows
+        rows = self._rows[step % 2]
+        if rows is None or rows[0].shape != (n, row_len):
+            rows = self._rows[step % 2] = _row_buffers(n, row_len)
+        tokens, positions = rows
         counted: list[tuple[list[int], list[int]]] = []  # (tokens, documents) by source, per row
-        digests: Sequence[bytes]
-        rows_digests: list[bytes] = []
         flushes = {}
         images = None if self.ctx.images is None else BatchImages(self.ctx.images)
         for i, lane in enumerate(self.lanes):
@@ -223,14 +298,26 @@ class BatchProducer:
             if images is not None:
                 images.end_lane()
             flushes[lane.lane] = lane.take_flushes()
-        clock.switch(ASSEMBLE)
         if images is not None:
             images.hurry()  # the step's images first, before a lane waits for one
-        for i in range(len(self.lanes)):
-            rows_digests.append(
-                rows_digest(tokens[i * r : (i + 1) * r], positions[i * r : (i + 1) * r])
-            )
+        self.packed_step += 1
+        clock.switch(left)
+        return _Packed(step, phase.name, r, tokens, positions, counted, flushes, images)
+
+    def _finish(self, packed: _Packed) -> Produced:
+        """The packed step's batch: its digests, its pixels waited for, its counts."""
+        assert packed.step == self.produced_step
+        clock = current()
+        left = clock.switch(ASSEMBLE)
+        r, tokens, positions = packed.rows_per_lane, packed.tokens, packed.positions
+        images = packed.images
+        scheduler = self.ctx.scheduler
+        n = len(tokens)
+        rows_digests = [
+            rows_digest(tokens[i : i + r], positions[i : i + r]) for i in range(0, n, r)
+        ]
         # with images: hashed when read (images/assembly.py)
+        digests: Sequence[bytes]
         digests = rows_digests if images is None else images.lane_digests(rows_digests)
         if images is not None:
             # The step's pixels before the planner turns warm below: until the first
@@ -238,35 +325,26 @@ class BatchProducer:
             # reading and planning leave the cores to its decoding.
             images.wait()
         by_source = (
-            np.array(counted, dtype=np.int64).reshape(n, 2, len(self.source_names)).sum(axis=0)
+            np.array(packed.counted, dtype=np.int64)
+            .reshape(n, 2, len(self.source_names))
+            .sum(axis=0)
         )
         if not self._warm:  # the first batch since the start or a boundary
             self._warm = True
             stats = scheduler.set_warm()
-            if self.first_batch is None:
-                # Work done before the first batch was assembled (replay included).
-                self.first_batch = {
-                    "docs_tokenized": stats["docs_tokenized"],
-                    "tokens_tokenized": stats["tokens_tokenized"],
-                    "docs_pretokenized": stats["docs_pretokenized"],
-                    "tokens_pretokenized": stats["tokens_pretokenized"],
-                    "docs_read": stats["docs_read"],
-                    "image_docs": stats["image_docs"],
-                    "image_tokens": stats["image_tokens"],
-                    "images_decoded": stats["images_decoded"],
-                    "row_tokens": int((positions >= 0).sum()),
-                }
-        batch = rows_to_batch(self.produced_step, tokens, positions, digests)
+            if self.first_batch is None:  # work done by then (replay included)
+                self.first_batch = _first_batch_counts(stats, positions)
+        batch = rows_to_batch(packed.step, tokens, positions, digests)
         if images is not None:
             # (labels: a view of the tensor's memory, changed in place)
             batch.images = images.finish(batch.labels.numpy(), tokens, IGNORE_INDEX)
         batch.source_tokens, batch.source_docs = by_source[0], by_source[1]
         batch.source_names = self.source_names
-        batch.phase = phase.name
+        batch.phase = packed.phase
         self.produced_step += 1
         entered, self._entered = self._entered, None
         clock.switch(left)
-        return batch, flushes, entered
+        return batch, packed.flushes, entered
 
     def _put(self, item: Any) -> bool:
         clock = current()
@@ -311,4 +389,4 @@ class BatchProducer:
                     pass
             self._thread.join()
             self._thread = None
-        self.lanes = []
+        self.lanes, self._ahead = [], None

@@ -140,7 +140,7 @@ class LockedPlanner:
         with self.cond:
             self.planner.warm = True
             self._notify_everyone()
-            return self.planner.stats_dict()
+            return self._stats()
 
     def rebase(
         self, ld: LaneDemand, mix_counts: Sequence[int], offset: int, weights: Sequence[float]
@@ -173,7 +173,10 @@ class LockedPlanner:
 
     def stats(self) -> dict[str, Any]:
         with self.cond:
-            return self.planner.stats_dict()
+            return self._stats()
+
+    def _stats(self) -> dict[str, Any]:
+        return self.planner.stats_dict()
 
 
 class DemandExecutor(LockedPlanner):
@@ -206,6 +209,7 @@ class DemandExecutor(LockedPlanner):
     ):
         super().__init__(workers, budget_tokens, steps, unit, max_docs, budget_bytes)
         self.tok, self.images, self.profile = tok, images, profile
+        self._decoded_before = 0  # images decoded before the last restore
         # Calls planned and not started, and calls done and not stored: the
         # tokenizer thread only calls the tokenizer, so that the next call starts
         # as soon as one ends; reading, planning and converting ids happen on the
@@ -225,12 +229,21 @@ class DemandExecutor(LockedPlanner):
             for t in self._threads:
                 t.start()
 
+    def _stats(self) -> dict[str, Any]:
+        """The planner's counts, and the images decoded into patches since the start
+        or the last restore (`images_framed` counts those of the documents framed:
+        with decode processes, a document is framed before its pixels come)."""
+        decoded = self.images.decoded - self._decoded_before if self.images is not None else 0
+        return {**self.planner.stats_dict(), "images_decoded": decoded}
+
     def reset(self, steps: StepMap | None = None, keep_stats: bool = False) -> None:
         """Forget every lane (a restore or a phase boundary builds new ones); work in
         flight is dropped. `steps`: the step map of the lanes to come, if it changes;
         keep_stats: go on counting (a boundary), instead of from zero (a restore)."""
         with self.cond:
             self.planner.reset(keep_stats)
+            if not keep_stats and self.images is not None:
+                self._decoded_before = self.images.decoded
             if steps is not None:
                 self.planner.steps = steps
             _drop_calls(self.calls, self.images)  # planned for the old lanes, not started

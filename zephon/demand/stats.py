@@ -29,7 +29,8 @@ class SchedulerStats:
     lookahead_peak_tokens: int = 0
     image_docs: int = 0  # documents of sources with images, made by the workers
     image_tokens: int = 0  # their tokens (text and image blocks)
-    images_decoded: int = 0
+    # images of the documents framed (with decode processes, their pixels may be to come)
+    images_framed: int = 0
 
     def count_document(self, tokens: int, pretokenized: bool) -> None:
         """One document read (pretokenized) or tokenized outside the planner's calls."""

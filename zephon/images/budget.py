@@ -82,7 +82,7 @@ class ImageBytes:
         self._decoded(slot)
         stats.image_docs += 1
         stats.image_tokens += len(ids)
-        stats.images_decoded += len(ids.doc.images) if type(ids) is ImageDocIds else 0
+        stats.images_framed += len(ids.doc.images) if type(ids) is ImageDocIds else 0
 
     def reset(self) -> None:
         """Every lane dropped (a restore or a new segment): nothing reserved."""

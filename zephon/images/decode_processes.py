@@ -297,10 +297,14 @@ class DecodeProcesses:
 
 class _TaskQueue:
     """The tasks not yet sent, in order, save those a step waits on (`hurry`): a
-    SimpleQueue whose items can move to the front (None: a sender's end)."""
+    SimpleQueue whose items can move ahead (None: a sender's end). Hurried tasks
+    go first, in the order they were hurried: a step packed while the one before
+    it waits for its pixels (batch_production.py) queues its tasks behind that
+    step's, not in front of them."""
 
     def __init__(self) -> None:
         self._items: collections.deque[tuple[Task, Future[TaskResult]] | None] = collections.deque()
+        self._hurried = 0  # the first items of the queue are hurried ones
         self._ready = threading.Condition()
 
     def put(self, item: tuple[Task, Future[TaskResult]] | None) -> None:
@@ -312,21 +316,28 @@ class _TaskQueue:
         with self._ready:
             while not self._items:
                 self._ready.wait()
-            return self._items.popleft()
+            return self._pop()
 
     def get_nowait(self) -> tuple[Task, Future[TaskResult]] | None:
         with self._ready:
             if not self._items:
                 raise queue.Empty
-            return self._items.popleft()
+            return self._pop()
+
+    def _pop(self) -> tuple[Task, Future[TaskResult]] | None:
+        self._hurried = max(0, self._hurried - 1)
+        return self._items.popleft()
 
     def hurry(self, futures: list[Future[TaskResult]]) -> None:
         wanted = {id(f) for f in futures}
         with self._ready:
-            first = [x for x in self._items if x is not None and id(x[1]) in wanted]
-            if first:
-                rest = [x for x in self._items if x is None or id(x[1]) not in wanted]
-                self._items = collections.deque(first + rest)
+            items = list(self._items)
+            before, rest = items[: self._hurried], items[self._hurried :]
+            moved = [x for x in rest if x is not None and id(x[1]) in wanted]
+            if moved:
+                rest = [x for x in rest if x is None or id(x[1]) not in wanted]
+                self._items = collections.deque(before + moved + rest)
+                self._hurried += len(moved)
 
 
 _pools: dict[int, DecodeProcesses] = {}

@@ -15,9 +15,9 @@ lane, in two stateless steps (docs/design.md §14):
   With two or more workers the call's documents are decoded by that many
   decode processes (images/decode_processes.py), which write the patches
   into shared memory (images/shared_patches.py): started when the call is
-  planned (`start`: its bytes, and the patches' slots, are taken then), up
-  to 8 of its documents per task decoded one after another (and each
-  document's images one after another), so no more documents decode at once
+  planned (`start`: its bytes, and the patches' slots, are taken then), a
+  task's documents (up to TASK_PIXELS, at most 8) decoded one after another
+  (and each document's images one after another), so no more documents decode at once
   than there are processes, which is what the byte budget reserves decode
   peaks for (images/budget.py). The document is framed from its images'
   headers (their placeholders and grids are known before any pixel) and
@@ -92,6 +92,9 @@ class SizedDoc:
 # A document's images decoded, in order, or the first bad one's error.
 Decoded = list[ImagePatches] | ImageError
 MAX_DOCS_PER_TASK = 8  # documents a pool task decodes, one after another
+# A task's documents stop at this many decoded pixels: about 3 ms of decoding and
+# resizing, against about 0.15 ms of Python a task costs (pickles, pipes, wake-ups).
+TASK_PIXELS = 1 << 18
 
 
 class ImageWork:
@@ -118,6 +121,14 @@ class ImageWork:
         )
         # by id of the doc: (doc, its task, its place in the task's documents, its slots)
         self._started: dict[int, tuple[SizedDoc, Future[TaskResult], int, list[Slot]]] = {}
+        self.decoded = 0  # images decoded into patches, by the processes or here
+        self._counting = threading.Lock()  # (the processes' results come on 2+ threads)
+
+    @property
+    def in_processes(self) -> bool:
+        """Decoding runs in decode processes (two workers or more), not on the
+        threads that tokenize."""
+        return self._pool is not None
 
     def start(self, values: list[Any], cold: bool = False) -> None:
         """Start decoding a planned call's documents in the decode processes now:
@@ -129,13 +140,24 @@ class ImageWork:
         if self._pool is None:
             return
         todo = [v for v in values if _decodable(v)]
-        # A few documents per task, one after another: a task per small document
-        # costs more Python (pickles, pipes, wake-ups) than decoding it.
+        # A few small documents per task, one after another: a task per small
+        # document costs more Python than decoding it. But a step that needs one
+        # document of a task waits for them all, and has the others decoded before
+        # the steps that need them: so a task holds up to TASK_PIXELS, and a
+        # document that large is a task of its own.
         per_task = max(1, min(MAX_DOCS_PER_TASK, len(todo) // (2 * self._decoders)))
         if cold:
             per_task = 1
-        for at in range(0, len(todo), per_task):
-            self._submit(todo[at : at + per_task])
+        chunk: list[SizedDoc] = []
+        pixels = 0
+        for v in todo:
+            chunk.append(v)
+            pixels += sum(s.header.pixels for s in v.sizings)
+            if len(chunk) >= per_task or pixels >= TASK_PIXELS:
+                self._submit(chunk)
+                chunk, pixels = [], 0
+        if chunk:
+            self._submit(chunk)
 
     def _submit(self, chunk: list[SizedDoc]) -> None:
         assert self._pool is not None and self.arena is not None
@@ -145,14 +167,22 @@ class ImageWork:
             for v, mine in zip(chunk, slots, strict=True)
         ]
         future = self._pool.submit(Task(self.spec, docs, self.arena.segment_names()))
-        if self._clock is not None:
-            future.add_done_callback(self._charge)
+        future.add_done_callback(self._done)
         for k, v in enumerate(chunk):
             self._started[id(v)] = (v, future, k, slots[k])
 
-    def _charge(self, future: Future[TaskResult]) -> None:
-        if self._clock is not None and not future.cancelled() and future.exception() is None:
-            self._clock.add(IMAGE, future.result()[1])
+    def _done(self, future: Future[TaskResult]) -> None:
+        """A task ended: count its images decoded, charge its CPU if profiled."""
+        if future.cancelled() or future.exception() is not None:
+            return
+        results, cpu_ns = future.result()
+        self._count(sum(len(r) for r in results if not isinstance(r, ImageError)))
+        if self._clock is not None:
+            self._clock.add(IMAGE, cpu_ns)
+
+    def _count(self, images: int) -> None:
+        with self._counting:
+            self.decoded += images
 
     def forget(self, values: list[Any]) -> None:
         """Drop the decodes started for a call that will not run (a reset): their
@@ -297,6 +327,7 @@ class ImageWork:
                 except ImageError as exc:
                     return exc
                 out.append(patches)
+            self._count(len(out))
             return out
         finally:
             clock.switch(left)

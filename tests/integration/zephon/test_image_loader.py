@@ -354,6 +354,40 @@ def test_bad_images_name_shard_and_key_or_are_dropped(tmp_path, kind):
     assert images == 5
 
 
+@pytest.mark.parametrize("kind", ["not_an_image", "truncated"])
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_a_bad_image_stops_the_run_at_its_own_step_with_decode_processes(tmp_path, kind, prefetch):
+    """With decode processes, a step is packed while the one before it waits for its
+    pixels: a bad image met doing so (a bad header, when its lane takes it; or its
+    body, when the step waits for it) is raised at the step whose rows hold it, as
+    on the calling thread, after every batch before it."""
+    good = [jpeg(40 + 8 * (i % 5), 48, seed=i) for i in range(24)]
+    bad = {"not_an_image": b"no image at all", "truncated": good[3][: len(good[3]) // 2]}[kind]
+    members = []
+    for i, data in enumerate([*good[:16], bad, *good[16:]]):
+        members += [(f"s{i:03d}.jpg", data), (f"s{i:03d}.txt", f"caption {i}".encode())]
+    shard = write_tar(tmp_path / "late.tar", members)
+    body = f'[[source]]\nname = "c"\npath = "{shard}"\non_exhausted = "stop"\n'
+    path = recipe(tmp_path, "concat", lanes=1, body=body, shuffle=False)
+
+    def delivered(workers: int) -> int:
+        (loader,) = ranks(path, 1, seq_len=64, global_batch_size=1, num_workers=workers,
+                          prefetch=prefetch if workers > 1 else 0)  # fmt: skip
+        steps = 0
+        try:
+            with pytest.raises(DataError, match=BAD_KINDS[kind]):
+                for _ in range(60):
+                    loader.next_batch()
+                    steps += 1
+        finally:
+            loader.close()
+        return steps
+
+    inline = delivered(1)
+    assert inline >= 4  # past the first batch: a step packed ahead meets it
+    assert delivered(2) == inline
+
+
 def test_an_image_longer_than_a_row_is_an_error_or_left_out(tmp_path):
     """Rows of 49 tokens hold image blocks of up to 49 tokens: a longer one is an
     error naming its record, or under "drop" left out of its document (the text

@@ -210,29 +210,117 @@ def test_a_producer_ahead_of_its_reader_hashes_the_image_lanes_while_it_waits(
             assert list(batch.digests) == inline[step]
 
 
-def test_the_tasks_a_step_needs_go_first():
-    """`hurry` moves the queued tasks a step needs to the front, in their queue
-    order; one already sent, or unknown, changes nothing; a sender's end stays."""
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_the_next_step_is_packed_and_hurried_before_a_step_waits(
+    tmp_path, tokenizer_path, monkeypatch, prefetch
+):
+    """With decode processes, once the first batch is out, a step's rows are taken
+    from the lanes and its tasks hurried before the step before it waits for its
+    pixels, so the processes go from one step's images to the next's; the first
+    batch packs nothing ahead (its documents alone are planned); the batches are the
+    ones a loader that decodes on its own thread gives."""
+    from zephon.images import assembly
+
+    ensure_sample_data()
+    recipe = _captions(tmp_path)
+    with ZephonLoader(recipe, tokenizer_path, 256, 8, num_workers=1) as ld:
+        inline = step_digests([ld], 6)
+    events: list[tuple[str, int]] = []  # (what, step), steps numbered as packed
+    real_hurry, real_wait = assembly.BatchImages.hurry, assembly.BatchImages.wait
+
+    def hurry(self):  # noqa: ANN001, ANN202
+        self.packed_as = sum(1 for what, _ in events if what == "packed") + 1
+        events.append(("packed", self.packed_as))
+        return real_hurry(self)
+
+    def wait(self):  # noqa: ANN001, ANN202
+        events.append(("waits", self.packed_as))
+        return real_wait(self)
+
+    monkeypatch.setattr(assembly.BatchImages, "hurry", hurry)
+    monkeypatch.setattr(assembly.BatchImages, "wait", wait)
+    with ZephonLoader(recipe, tokenizer_path, 256, 8, num_workers=2, prefetch=prefetch) as ld:
+        assert step_digests([ld], 6) == inline
+    expected = [("packed", 1), ("waits", 1), ("packed", 2)]
+    for step in range(2, 6):
+        expected += [("packed", step + 1), ("waits", step)]
+    assert events[: len(expected)] == expected, events
+
+
+def test_a_task_holds_small_documents_together_and_a_large_one_alone(
+    tmp_path, tokenizer_path, monkeypatch
+):
+    """After the first batch, a decode task holds documents up to a quarter
+    megapixel (a few small ones together: a task costs Python of its own), and a
+    larger one alone (a step that needs one document of a task waits for all of it,
+    and decodes the others before their steps need them)."""
+    from helpers.images import jpeg, write_tar
+
+    from zephon.images.work import MAX_DOCS_PER_TASK, TASK_PIXELS
+
+    tasks: list[list[int]] = []  # per task submitted: each document's decoded pixels
+    real_submit = DecodeProcesses.submit
+
+    def submit(self, task):  # noqa: ANN001, ANN202
+        pixels = [sum(size_image(d, n, task.spec).header.pixels for d, n, _ in doc)
+                  for doc in task.docs]  # fmt: skip
+        tasks.append(pixels)
+        return real_submit(self, task)
+
+    monkeypatch.setattr(DecodeProcesses, "submit", submit)
+    for side in (64, 600):
+        members = []
+        for i in range(48):
+            members += [(f"s{i:03d}.jpg", jpeg(side, side - 8, seed=i)), (f"s{i:03d}.txt", b"a")]
+        write_tar(tmp_path / f"{side}.tar", members)
+        recipe = tmp_path / f"{side}.toml"
+        recipe.write_text(
+            f'[recipe]\nname = "r{side}"\nseed = 3\nlanes = 1\n[packing]\nalgorithm = "concat"\n'
+            "[image]\npatch_size = 14\nmerge = 2\nmin_pixels = 3136\nmax_pixels = 200704\n"
+            f'[[source]]\nname = "s"\npath = "{tmp_path}/{side}.tar"\n'
+        )
+        tasks.clear()
+        with ZephonLoader(recipe, tokenizer_path, 1024, 1, num_workers=2, prefetch=0) as ld:
+            for _ in range(6):
+                ld.next_batch()
+        assert tasks, side
+        warm = [t for t in tasks if len(t) > 1]
+        if side == 600:  # 600 x 592: 355,200 pixels each
+            assert not warm and sum(len(t) for t in tasks) >= 6
+        else:  # 64 x 56: 3,584 pixels each
+            assert warm and max(len(t) for t in warm) <= MAX_DOCS_PER_TASK
+            assert all(sum(t[:-1]) < TASK_PIXELS for t in tasks)
+
+
+def test_the_tasks_a_step_needs_go_first_in_the_order_steps_asked():
+    """`hurry` moves the queued tasks a step needs ahead of every task not hurried,
+    in their queue order, and behind the tasks hurried before them that are still
+    queued (the step after it, packed while it waits, asks second); one already
+    sent, or unknown, changes nothing; a sender's end stays last."""
     from concurrent.futures import Future
 
     from zephon.images.decode_processes import _TaskQueue
 
-    queue, futures = _TaskQueue(), [Future() for _ in range(6)]
+    queue, futures = _TaskQueue(), [Future() for _ in range(7)]
     for k, f in enumerate(futures):
         queue.put((k, f))  # (the task's place: anything)
     queue.put(None)
     queue.hurry([futures[4], futures[2]])
     queue.hurry([Future()])
     queue.hurry([futures[5]])
-    assert [queue.get()[0] for _ in range(6)] == [5, 2, 4, 0, 1, 3]
+    assert queue.get()[0] == 2
+    queue.hurry([futures[1], futures[5]])  # (5: already hurried, keeps its place)
+    assert [queue.get()[0] for _ in range(6)] == [4, 5, 1, 0, 3, 6]
+    queue.hurry([futures[0]])  # sent: nothing moves
     assert queue.get() is None
 
 
 def test_lanes_pack_on_the_headers_while_the_processes_decode(tmp_path, tokenizer_path):
     """With decode processes (bad_records = "error"), a document reaches its lane
     sized from its images' headers: with both processes stopped (SIGSTOP), the
-    lanes still take every document the first batch needs, and that batch, once the
-    processes go on, has the digest of a loader that decodes on its own thread."""
+    lanes still take every document the first batch needs (counted as framed, none
+    as decoded), and that batch, once the processes go on, has the digest of a
+    loader that decodes on its own thread."""
 
     ensure_sample_data()
     recipe = _captions(tmp_path)
@@ -252,14 +340,16 @@ def test_lanes_pack_on_the_headers_while_the_processes_decode(tmp_path, tokenize
         framed = 0  # images of documents taken by the lanes (counted when framed)
         while framed < needed and time.monotonic() < deadline:
             time.sleep(0.05)
-            framed = ld.stats()["work"]["images_decoded"]
+            framed = ld.stats()["work"]["images_framed"]
         assert framed >= needed, (framed, needed)  # no pixel decoded yet:
+        assert ld.stats()["work"]["images_decoded"] == 0
         assert first.is_alive() and not got  # the first batch waits for its own
     finally:
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
     first.join(timeout=60)
     assert got and got[0] == inline[:1]
+    assert ld.stats()["work"]["images_decoded"] >= needed  # decoded, now
     assert step_digests([ld], 1) == inline[1:]
     ld.close()
 

@@ -269,7 +269,7 @@ def test_image_bytes_hold_patches_and_as_many_decode_peaks_as_decode_at_once():
     budget.release(slots[1])  # unqueued: its patch and its peak (the largest) go
     assert budget.used == 4 + 40 + 30
     slots[4].ids = np.zeros(3, dtype=np.int32)  # decoded (a stand-in holding no images)
-    budget.stored(slots[4], SimpleNamespace(image_docs=0, image_tokens=0, images_decoded=0))
+    budget.stored(slots[4], SimpleNamespace(image_docs=0, image_tokens=0, images_framed=0))
     assert budget.used == 3 + 30 + 20 and budget.peak == 95
     budget.reset()
     assert budget.used == 0
