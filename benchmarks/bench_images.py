@@ -325,6 +325,7 @@ def pipeline_child(
         "first_batch_s": step_s[0], "step_s": step_s, "step_images": step_images,
         "rss_before": before, "rss_peak": peak,
         "rss_growth": peak - before, "images_decoded": work.get("images_decoded", 0),
+        "images_framed": work.get("images_framed", 0),
         "digests_read": False,  # the image lanes' pixels are hashed only when read
         "lookahead_peak_bytes": work.get("lookahead_peak_bytes", 0),
         "lookahead_bytes_budget": work.get("lookahead_bytes_budget", budget),
@@ -665,6 +666,15 @@ def corpus_table(name: str, r: dict[str, Any]) -> str:
     )
 
 
+def decoded(run: dict[str, Any]) -> str:
+    """How many images the run decoded. A run before `images_framed` was counted
+    apart counted, as `images_decoded`, the images of the documents framed: since
+    2026-12-07 a document is framed before its pixels come."""
+    if "images_framed" in run:
+        return f"it decoded {run['images_decoded']:,} images"
+    return f"its lanes were given documents holding {run['images_decoded']:,} images"
+
+
 def cpu_table(r: dict[str, Any], cpus: int) -> str:
     """Thread CPU per delivered image of the profiled run, against the plain loop's."""
     c, run = r["cpu_per_image"], r["profiled_run"]
@@ -678,7 +688,7 @@ def cpu_table(r: dict[str, Any], cpus: int) -> str:
     cells += [f"{p[k]:.0f}" for k in OWN] + [f"**{p['own']:.0f}**"]
     return (
         f"CPU per delivered image (µs of thread CPU; one more run of (a), profiled: "
-        f"`ZephonLoader(profile=True)`; it decoded {run['images_decoded']:,} images to deliver "
+        f"`ZephonLoader(profile=True)`; {decoded(run)} to deliver "
         f"{run['images']:,}): the image work its workers do (header plans when "
         f"read; decode, resize, patches{'' if 'digests_read' in run else ' and pixel hash'} in the decode processes) and the pipeline's own "
         "(tar member reads, the captions' tokenizer calls, framing documents as id arrays, "
