@@ -73,7 +73,7 @@ class _Packed:
 class _Failed:
     """Packing a step ahead raised this: raised when that step is asked for."""
 
-    error: BaseException
+    error: Exception
 
 
 _ENDED = object()  # packing a step ahead found the data's end
@@ -249,7 +249,7 @@ class BatchProducer:
         if self._warm and self._decodes_ahead and not self._ends_segment(packed.step + 1):
             try:
                 self._ahead = self._pack()
-            except BaseException as exc:  # raised when that step is asked for
+            except Exception as exc:  # raised when that step is asked for (an interrupt: now)
                 self._ahead = _Failed(exc)
             if self._ahead is None:
                 self._ahead = _ENDED
